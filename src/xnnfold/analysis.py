@@ -1,0 +1,199 @@
+"""Analysis: which nodes of a program are static, and which GEMM operands they compute.
+
+A node is *static* when its value is fixed once the program is exported: a parameter, a
+buffer that is never mutated, a lifted constant, or a pure op whose tensor inputs are all
+static. A GEMM operand that is static but not itself a placeholder is a *fold target*: the
+partitioner declines its GEMM today, and folding its *cone* (the static nodes it is computed
+from) into one constant would let XNNPACK take it.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from .gemms import gemm_spec, op_name, operand_roles
+
+# Quantize ops of PT2E: a folded weight keeps the dequantize in front of its GEMM so that
+# XNNPACK still sees ``dq(int8 constant) -> GEMM``; the target moves to the dequantize's input.
+_DEQUANTIZE_NAMES = ("dequantize_per_tensor", "dequantize_per_channel", "dequantize_affine")
+
+
+@dataclass
+class ProgramFacts:
+    """What one look at a program tells: static nodes and the tensors behind placeholders."""
+
+    ep: ExportedProgram
+    static: set = field(default_factory=set)          # names of static nodes
+    why_not_static: dict = field(default_factory=dict)  # name -> (culprit node name, reason)
+    placeholder_values: dict = field(default_factory=dict)  # name -> real tensor
+    nodes: dict = field(default_factory=dict)        # name -> node
+
+
+@dataclass
+class FoldTarget:
+    """One GEMM operand that is computed from static nodes."""
+
+    gemm: torch.fx.Node
+    role: str                  # "weight" or "bias"
+    node: torch.fx.Node        # the node whose value becomes a constant
+    cone: list                 # static call_function nodes it is computed from, in graph order
+    through_dequantize: Optional[torch.fx.Node] = None  # the dq kept between constant and GEMM
+
+    @property
+    def key(self) -> str:
+        return f"{self.gemm.name}.{self.role}"
+
+
+@dataclass
+class Operand:
+    """Every weight and bias of every GEMM, with what analysis found about it."""
+
+    gemm: torch.fx.Node
+    kind: str
+    role: str
+    node: torch.fx.Node
+    status: str                # "plain", "target" (to be planned), "dynamic"
+    culprit: Optional[str] = None
+    reason: Optional[str] = None
+    target: Optional[FoldTarget] = None
+
+
+def static_inputs(ep: ExportedProgram) -> dict:
+    """Placeholder name -> real tensor, for params, unmutated buffers and lifted constants."""
+    signature = ep.graph_signature
+    mutated = set(signature.buffers_to_mutate.values())
+    values = {}
+    for spec in signature.input_specs:
+        if spec.kind == InputKind.PARAMETER:
+            values[spec.arg.name] = ep.state_dict[spec.target]
+        elif spec.kind == InputKind.BUFFER and spec.target not in mutated:
+            values[spec.arg.name] = (ep.state_dict[spec.target] if spec.persistent
+                                     else ep.constants[spec.target])
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            value = ep.constants[spec.target]
+            if isinstance(value, torch.Tensor):
+                values[spec.arg.name] = value
+    return values
+
+
+def _has_symbols(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return any(not isinstance(s, int) for s in value.shape)
+    if isinstance(value, (list, tuple)):
+        return any(_has_symbols(v) for v in value)
+    return not isinstance(value, (int, float, bool, str, type(None), torch.dtype,
+                                  torch.device, torch.layout, torch.memory_format))
+
+
+def _is_tensor_result(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(
+        isinstance(v, torch.Tensor) for v in value)
+
+
+def _pure_op_reason(node: torch.fx.Node) -> Optional[str]:
+    """Why ``node``'s op cannot be evaluated ahead of time, or None if it can."""
+    if node.target is operator.getitem:
+        return None
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return f"{node.target} is not an ATen op"
+    schema = node.target._schema
+    if schema.is_mutable:
+        return f"{op_name(node.target)} mutates its input"
+    if not _is_tensor_result(node.meta.get("val")):
+        return f"{op_name(node.target)} does not return tensors"
+    return None
+
+
+def find_static(ep: ExportedProgram) -> ProgramFacts:
+    facts = ProgramFacts(ep=ep)
+    facts.placeholder_values = static_inputs(ep)
+    for node in ep.graph.nodes:
+        facts.nodes[node.name] = node
+        if node.op == "placeholder":
+            if node.name in facts.placeholder_values:
+                facts.static.add(node.name)
+            else:
+                facts.why_not_static[node.name] = (node.name, "is a user input or mutable buffer")
+            continue
+        if node.op != "call_function":
+            continue
+        culprit = next((i for i in node.all_input_nodes if i.name not in facts.static), None)
+        if culprit is not None:
+            facts.why_not_static[node.name] = facts.why_not_static.get(
+                culprit.name, (culprit.name, "is not static"))
+            continue
+        reason = _pure_op_reason(node)
+        if reason is None and _has_symbols(node.meta.get("val")):
+            reason = "has a symbolic shape"
+        if reason is None and any(_has_symbols(a) for a in _flat_args(node)):
+            reason = "takes a symbolic size"
+        if reason is None:
+            facts.static.add(node.name)
+        else:
+            facts.why_not_static[node.name] = (node.name, reason)
+    return facts
+
+
+def _flat_args(node: torch.fx.Node) -> list:
+    flat = []
+    torch.fx.node.map_aggregate((node.args, node.kwargs), lambda a: flat.append(a) or a)
+    return [a for a in flat if not isinstance(a, torch.fx.Node)]
+
+
+def cone_of(node: torch.fx.Node, facts: ProgramFacts) -> list:
+    """The static call_function nodes ``node`` is computed from (itself included)."""
+    seen, stack = set(), [node]
+    while stack:
+        current = stack.pop()
+        if current.name in seen or current.op != "call_function":
+            continue
+        seen.add(current.name)
+        stack.extend(current.all_input_nodes)
+    order = {n.name: i for i, n in enumerate(node.graph.nodes)}
+    return sorted((facts.nodes[name] for name in seen), key=lambda n: order[n.name])
+
+
+def _is_dequantize(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and any(
+        name in op_name(node.target) for name in _DEQUANTIZE_NAMES)
+
+
+def find_operands(ep: ExportedProgram, facts: Optional[ProgramFacts] = None) -> list:
+    """Every GEMM weight and bias, classified as plain, dynamic or a fold target."""
+    facts = facts or find_static(ep)
+    operands = []
+    for node in ep.graph.nodes:
+        spec = gemm_spec(node)
+        if spec is None:
+            continue
+        for role, arg in operand_roles(node):
+            operands.append(_classify(node, spec.kind, role, arg, facts))
+    return operands
+
+
+def _classify(gemm, kind, role, arg, facts) -> Operand:
+    target_node, dq = arg, None
+    # A quantized weight: dq(q(computed)) -> GEMM. Fold up to the dq, keep the dq.
+    if _is_dequantize(arg) and arg.args and isinstance(arg.args[0], torch.fx.Node):
+        target_node, dq = arg.args[0], arg
+    if target_node.op == "placeholder" or target_node.op == "get_attr":
+        status = "plain" if target_node.name in facts.static or target_node.op == "get_attr" \
+            else "dynamic"
+        culprit, reason = (None, None) if status == "plain" else (
+            target_node.name, "is a user input or mutable buffer")
+        return Operand(gemm, kind, role, arg, status, culprit, reason)
+    if target_node.name not in facts.static:
+        culprit, reason = facts.why_not_static.get(target_node.name,
+                                                   (target_node.name, "is not static"))
+        return Operand(gemm, kind, role, arg, "dynamic", culprit, reason)
+    target = FoldTarget(gemm, role, target_node, cone_of(target_node, facts), dq)
+    return Operand(gemm, kind, role, arg, "target", target=target)

@@ -1,0 +1,28 @@
+"""Errors that name the node they happened at, so that a fallback warning can say where."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch.fx
+
+
+class FoldError(RuntimeError):
+    """An internal failure of xnnfold, at a node; the caller falls back to stock."""
+
+    def __init__(self, node: str, reason: str):
+        super().__init__(f"at node {node!r}: {reason}")
+        self.node = node
+        self.reason = reason
+
+
+@contextlib.contextmanager
+def at_node(node: torch.fx.Node, doing: str):
+    """Re-raise any failure inside the block as a FoldError naming ``node``."""
+    try:
+        yield
+    except FoldError:
+        raise
+    except Exception as error:  # noqa: BLE001 - every failure must name its node
+        raise FoldError(node.name, f"{doing} {node.format_node()}: "
+                        f"{type(error).__name__}: {error}") from error

@@ -1,0 +1,52 @@
+"""Evaluate the static cones of fold targets on the program's real tensors.
+
+Each node is run once, with the same ATen op and arguments the program would run, so a folded
+value is the value eager computes, bit for bit. Values are cached by node name so that the parts
+of one ``split`` share one evaluation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from .analysis import ProgramFacts
+from .errors import at_node
+
+
+class ConeEvaluator:
+    def __init__(self, facts: ProgramFacts):
+        self._facts = facts
+        self._values = {name: value.detach() for name, value in facts.placeholder_values.items()}
+
+    def value(self, node: torch.fx.Node):
+        """The real value of a static node (evaluating its inputs first)."""
+        if node.name in self._values:
+            return self._values[node.name]
+        pending = [node]
+        while pending:  # iterative post-order: cones can be deep chains
+            current = pending[-1]
+            missing = [i for i in current.all_input_nodes if i.name not in self._values]
+            if missing:
+                pending.extend(missing)
+                continue
+            pending.pop()
+            if current.name not in self._values:
+                self._values[current.name] = self._run(current)
+        return self._values[node.name]
+
+    def _run(self, node: torch.fx.Node):
+        with at_node(node, "evaluating"), torch.no_grad():
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs),
+                                                 lambda n: self._values[n.name])
+            return node.target(*args, **kwargs)
+
+
+def own_storage(value: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy in storage of its own.
+
+    A part of a ``split`` is a view into the packed param; XNNPACK serializes a constant's
+    storage from its start, not from the view's offset, so a view would hand the delegate the
+    wrong rows (the ``constant_prop_pass`` bug).
+    """
+    return value.detach().clone(memory_format=torch.contiguous_format)

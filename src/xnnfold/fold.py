@@ -1,0 +1,128 @@
+"""Fold: evaluate the planned nodes, replace them by constants, drop what they freed.
+
+Works on a copy of the program; the caller's ExportedProgram is never touched. The copy shares
+tensor data with the original (nothing here writes into a tensor), so copying costs graph size,
+not model size.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from executorch.backends.transforms.utils import (
+    create_constant_placeholder,
+    delete_constant_placeholder,
+)
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from .analysis import ProgramFacts
+from .errors import FoldError, at_node
+from .evaluate import ConeEvaluator, own_storage
+
+CONSTANT_PREFIX = "_xnnfold_"
+
+
+@dataclass
+class FoldedConstant:
+    """One constant xnnfold put into the program."""
+
+    name: str                     # placeholder name in the folded program
+    source: str                   # the node it replaces
+    consumers: list               # names of the GEMMs (or dequantize) reading it
+    shape: tuple
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= size
+        return numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass
+class Folded:
+    program: ExportedProgram
+    constants: list = field(default_factory=list)   # FoldedConstant
+    freed_params: list = field(default_factory=list)  # state_dict / constants keys dropped
+
+
+def copy_program(ep: ExportedProgram) -> ExportedProgram:
+    """A deep copy of ``ep`` whose graph and signature are new but whose tensors are shared."""
+    memo = {id(t): t for t in list(ep.state_dict.values()) + list(ep.constants.values())}
+    return copy.deepcopy(ep, memo)
+
+
+def _constant_name(source: str, graph: torch.fx.Graph) -> str:
+    taken = {n.name for n in graph.nodes}
+    name, index = f"{CONSTANT_PREFIX}{source}", 1
+    while name in taken:
+        name, index = f"{CONSTANT_PREFIX}{source}_{index}", index + 1
+    return name
+
+
+def _insertion_point(ep: ExportedProgram) -> torch.fx.Node:
+    """The first user input: lifted constants must come before user inputs."""
+    user_inputs = {s.arg.name for s in ep.graph_signature.input_specs
+                   if s.kind == InputKind.USER_INPUT}
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    first_user = next((n for n in placeholders if n.name in user_inputs), None)
+    if first_user is not None:
+        return first_user
+    return next(n for n in ep.graph.nodes if n.op != "placeholder")
+
+
+def _checked_value(node: torch.fx.Node, value) -> torch.Tensor:
+    """The evaluated value, in its own storage, after checking it is what the graph expects."""
+    expected = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or not isinstance(expected, torch.Tensor):
+        raise FoldError(node.name, "evaluated to a non-tensor")
+    if tuple(value.shape) != tuple(expected.shape) or value.dtype != expected.dtype:
+        raise FoldError(node.name, f"evaluated to {tuple(value.shape)} {value.dtype}, the graph "
+                                   f"expects {tuple(expected.shape)} {expected.dtype}")
+    return own_storage(value)
+
+
+def apply_folds(ep: ExportedProgram, facts: ProgramFacts, members: list) -> Folded:
+    """Fold ``members`` (plan.FoldNode) of ``ep`` into constants, in a new program."""
+    folded = Folded(copy_program(ep))
+    program = folded.program
+    graph = program.graph
+    nodes = {n.name: n for n in graph.nodes}
+    evaluator = ConeEvaluator(facts)
+    users_before = {n.name: len(n.users) for n in graph.nodes if n.op == "placeholder"}
+
+    for member in members:
+        with at_node(member.node, "folding"):
+            value = _checked_value(member.node, evaluator.value(member.node))
+            with graph.inserting_before(_insertion_point(program)):
+                constant = create_constant_placeholder(
+                    program, graph, _constant_name(member.name, graph),
+                    InputKind.CONSTANT_TENSOR, value)
+            old = nodes[member.name]
+            for consumer in member.consumers:
+                nodes[consumer.name].replace_input_with(old, constant)
+            folded.constants.append(FoldedConstant(
+                constant.name, member.name, [c.name for c in member.consumers],
+                tuple(value.shape), value.dtype))
+
+    # Drop the cone nodes nothing reads any more (latest first), then the params they freed.
+    cone = {n.name for m in members for n in m.cone}
+    for node in reversed(list(graph.nodes)):
+        if node.name in cone and not node.users:
+            graph.erase_node(node)
+    signature = program.graph_signature
+    targets = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
+               **signature.inputs_to_lifted_tensor_constants}
+    for node in [n for n in graph.nodes if n.op == "placeholder"]:
+        if not node.users and users_before.get(node.name, 0) > 0 and node.name in targets:
+            folded.freed_params.append(targets[node.name])
+            delete_constant_placeholder(program, node)
+
+    graph.lint()
+    program.graph_module.recompile()
+    return folded

@@ -1,0 +1,125 @@
+"""The whole pass: analysis -> plan -> fold -> probe, repeated until the probe agrees.
+
+``run`` never raises for a failure of its own: it logs one warning naming the node and the
+reason and returns the input program untouched, which lowers exactly as stock lowers it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from torch.export import ExportedProgram
+
+from . import plan
+from .analysis import Operand, find_operands, find_static
+from .errors import FoldError
+from .fold import FoldedConstant, apply_folds
+
+logger = logging.getLogger("xnnfold")
+
+# A probe answers: which placeholders of this program end up in a delegate?
+Probe = Callable[[ExportedProgram], set]
+
+# The probe can only shrink the folded set, so this bounds a loop that ends in 1-2 rounds.
+_MAX_PROBE_ROUNDS = 4
+
+
+@dataclass
+class GemmOperand:
+    """One weight or bias of one GEMM, and what xnnfold did with it."""
+
+    gemm: str
+    kind: str
+    role: str
+    status: str                       # "plain", "folded" or "declined"
+    rule: Optional[str] = None        # for declined: the rule
+    node: Optional[str] = None        # for declined: the node that broke it
+    reason: Optional[str] = None
+    constant: Optional[str] = None    # for folded: the constant's name
+
+
+@dataclass
+class FoldResult:
+    """What ``fold_gemm_params`` returns: the program to lower and the record of the fold."""
+
+    program: ExportedProgram
+    operands: list = field(default_factory=list)      # GemmOperand, in graph order
+    constants: list = field(default_factory=list)     # FoldedConstant
+    freed_params: list = field(default_factory=list)
+    probe_rounds: int = 0
+    fallback: Optional[str] = None    # set when an internal failure sent us back to stock
+
+    @property
+    def folded(self) -> list:
+        return [o for o in self.operands if o.status == "folded"]
+
+    @property
+    def declined(self) -> list:
+        return [o for o in self.operands if o.status == "declined"]
+
+
+def _describe(operands: list, groups: list, constants: dict) -> list:
+    members = {t.key: m for g in groups for m in g.members for t in m.targets}
+    described = []
+    for op in operands:
+        row = GemmOperand(op.gemm.name, op.kind, op.role, "plain")
+        if op.status == "dynamic":
+            row.status, row.rule, row.node = "declined", "static", op.culprit
+            row.reason = f"computed from {op.culprit}, which {op.reason}"
+        elif op.status == "target":
+            member = members[op.target.key]
+            if member.decline is None:
+                row.status, row.constant = "folded", constants.get(member.name)
+            else:
+                row.status = "declined"
+                row.rule, row.node = member.decline.rule, member.decline.node
+                row.reason = member.decline.reason
+        described.append(row)
+    return described
+
+
+def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
+    facts = find_static(ep)
+    operands = find_operands(ep, facts)
+    targets = [op.target for op in operands if op.status == "target"]
+    groups = plan.group_fold_nodes(plan.fold_nodes(targets))
+    plan.apply_static_rules(groups, facts)
+
+    folded, rounds = None, 0
+    while True:
+        members = [m for g in groups if not g.declined for m in g.members]
+        if not members:
+            folded = None
+            break
+        folded = apply_folds(ep, facts, members)
+        if probe is None or rounds >= _MAX_PROBE_ROUNDS:
+            break
+        rounds += 1
+        constants = {c.source: c.name for c in folded.constants}
+        if not plan.apply_delegated_rule(groups, constants, probe(folded.program)):
+            break
+
+    constants = {c.source: c.name for c in folded.constants} if folded else {}
+    result = FoldResult(folded.program if folded else ep,
+                        _describe(operands, groups, constants), probe_rounds=rounds)
+    if folded:
+        result.constants, result.freed_params = folded.constants, folded.freed_params
+    return result
+
+
+def run(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
+    """Fold what the rules allow; on any internal failure, warn once and return ``ep``."""
+    try:
+        return _fold_and_probe(ep, probe)
+    except FoldError as error:
+        where, why = error.node, error.reason
+    except Exception as error:  # noqa: BLE001 - never fail a lowering stock would pass
+        where, why = "<program>", f"{type(error).__name__}: {error}"
+    logger.warning("xnnfold: folding skipped at node %r: %s; lowering as the stock "
+                   "XnnpackPartitioner would", where, why)
+    return FoldResult(ep, fallback=f"at node {where!r}: {why}")
+
+
+__all__ = ["FoldResult", "GemmOperand", "FoldedConstant", "Operand", "run"]
