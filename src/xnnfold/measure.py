@@ -1,0 +1,145 @@
+"""Measure a lowering: what is left outside delegates, .pte bytes, and runs on the runtime.
+
+One place for the numbers the tests assert and the report prints, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+    XnnpackPartitioner as StockXnnpackPartitioner,
+)
+from executorch.exir import to_edge_transform_and_lower
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from .gemms import EDGE_GEMM_NAMES, EDGE_SPLIT_NAMES, op_name
+from .partitioner import XnnpackPartitioner
+
+# Variants of lowering one exported program.
+STOCK, XNNFOLD, CONSTANT_PROP = "stock", "xnnfold", "constant_prop_pass"
+_QUANT_OP_HINTS = ("quantize_per", "dequantize_per", "quantize_affine", "dequantize_affine")
+
+
+@dataclass
+class DelegateConstant:
+    name: str
+    shape: tuple
+    dtype: torch.dtype
+
+
+@dataclass
+class Lowered:
+    """One lowered program and what its graph says."""
+
+    variant: str
+    pte: bytes
+    ops_outside: list                  # edge op names of call_functions outside delegates
+    delegate_calls: int
+    delegate_constants: list           # DelegateConstant, over all delegates
+    lower_seconds: float
+    fold: object = None                # FoldResult, for the xnnfold variant
+
+    @property
+    def pte_bytes(self) -> int:
+        return len(self.pte)
+
+    @property
+    def gemms_outside(self) -> list:
+        return [name for name in self.ops_outside if name in EDGE_GEMM_NAMES]
+
+    @property
+    def splits_outside(self) -> list:
+        return [name for name in self.ops_outside if name in EDGE_SPLIT_NAMES]
+
+    @property
+    def quant_ops_outside(self) -> list:
+        return [n for n in self.ops_outside if any(h in n for h in _QUANT_OP_HINTS)]
+
+    def constant_shapes(self) -> list:
+        return sorted(tuple(c.shape) for c in self.delegate_constants)
+
+
+def _delegate_constants(edge_program: ExportedProgram) -> list:
+    constants = []
+    module = edge_program.graph_module
+    for node in edge_program.graph.nodes:
+        if node.op != "get_attr" or not node.target.startswith("lowered_module"):
+            continue
+        original = getattr(module, node.target).original_module
+        kinds = {s.arg.name: s.kind for s in original.graph_signature.input_specs}
+        for inner in original.graph.nodes:
+            if inner.op == "placeholder" and kinds.get(inner.name) != InputKind.USER_INPUT:
+                val = inner.meta.get("val")
+                constants.append(DelegateConstant(inner.name, tuple(val.shape), val.dtype))
+    return constants
+
+
+def inspect_lowered(edge_program: ExportedProgram) -> tuple:
+    """(op names outside delegates, delegate call count, delegate constants)."""
+    ops, calls = [], 0
+    for node in edge_program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = op_name(node.target)
+        if "executorch_call_delegate" in name:
+            calls += 1
+        elif name != "getitem":
+            ops.append(name)
+    return ops, calls, _delegate_constants(edge_program)
+
+
+def lower(ep: ExportedProgram, variant: str = XNNFOLD, partitioner_kwargs: Optional[dict] = None
+          ) -> Lowered:
+    """Lower ``ep`` to a .pte with the stock partitioner, xnnfold, or constant_prop_pass+stock."""
+    kwargs = partitioner_kwargs or {}
+    start = time.perf_counter()
+    if variant == XNNFOLD:
+        partitioner = XnnpackPartitioner(**kwargs)
+    elif variant in (STOCK, CONSTANT_PROP):
+        partitioner = StockXnnpackPartitioner(**kwargs)
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    if variant == CONSTANT_PROP:
+        from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+        ep = constant_prop_pass(ep.run_decompositions({}))
+    if _has_quantized_ops(ep):
+        import executorch.kernels.quantized  # noqa: F401 - registers the out variants
+    edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+    ops, calls, constants = inspect_lowered(edge.exported_program())
+    pte = edge.to_executorch().buffer
+    return Lowered(variant, pte, ops, calls, constants, time.perf_counter() - start,
+                   getattr(partitioner, "last_result", None))
+
+
+def _has_quantized_ops(ep: ExportedProgram) -> bool:
+    return any(n.op == "call_function" and any(h in op_name(n.target) for h in _QUANT_OP_HINTS)
+               for n in ep.graph.nodes)
+
+
+class PteRunner:
+    """A .pte loaded on the ExecuTorch runtime. Keeps its buffer alive, as the loader needs."""
+
+    def __init__(self, pte: bytes):
+        from executorch.extension.pybindings.portable_lib import (
+            _load_for_executorch_from_buffer,
+        )
+        self._buffer = pte   # the loaded module does not own it
+        self._module = _load_for_executorch_from_buffer(self._buffer)
+
+    def run(self, inputs: tuple) -> list:
+        return list(self._module.forward(tuple(inputs)))
+
+
+def run_pte(pte: bytes, inputs: tuple) -> list:
+    return PteRunner(pte).run(inputs)
+
+
+def max_abs_diff(outputs, reference) -> float:
+    if isinstance(reference, torch.Tensor):
+        reference = [reference]
+    return max(float((o.float() - r.float()).abs().max()) for o, r in zip(outputs, reference))

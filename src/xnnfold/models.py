@@ -1,0 +1,259 @@
+"""Built-in models: the cases that motivate xnnfold, and their *ideal* rewrites.
+
+The ideal rewrite computes the same math with plain ``nn.Linear`` / ``nn.Conv1d`` layers whose
+weights are the values xnnfold folds: what a user would get by rewriting the model by hand. It
+is the bar for delegate calls, bytes and latency. Every model is built from a seed, with
+``in_proj_bias`` drawn at random (it is zero by default, which hides bias bugs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class Case:
+    """A model, its example inputs, and optionally its ideal rewrite and dynamic shapes."""
+
+    name: str
+    model: nn.Module
+    inputs: tuple
+    ideal: Optional[nn.Module] = None
+    dynamic_shapes: Optional[object] = None
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+
+
+def _mha(embed: int, heads: int, **kwargs) -> nn.MultiheadAttention:
+    mha = nn.MultiheadAttention(embed, heads, batch_first=True, **kwargs)
+    nn.init.normal_(mha.in_proj_bias)
+    return mha
+
+
+class Attention(nn.Module):
+    """``nn.MultiheadAttention`` called as ``mha(query, key, value)``; key/value default."""
+
+    def __init__(self, mha: nn.MultiheadAttention, mode: str):
+        super().__init__()
+        self.mha, self.mode = mha, mode
+
+    def forward(self, query, memory=None, value=None):
+        if self.mode == "self":
+            key = val = query
+        elif self.mode == "cross":
+            key = val = memory
+        else:
+            key, val = memory, value
+        return self.mha(query, key, val, need_weights=False)[0]
+
+
+class IdealAttention(nn.Module):
+    """The same attention with separate plain q/k/v/out linears and SDPA."""
+
+    def __init__(self, mha: nn.MultiheadAttention, mode: str = "kv"):
+        super().__init__()
+        embed, kdim, vdim = mha.embed_dim, mha.kdim, mha.vdim
+        self.heads, self.mode = mha.num_heads, mode
+        self.q, self.k, self.v = nn.Linear(embed, embed), nn.Linear(kdim, embed), \
+            nn.Linear(vdim, embed)
+        self.out = nn.Linear(embed, embed)
+        with torch.no_grad():
+            if mha._qkv_same_embed_dim:
+                weights = mha.in_proj_weight.chunk(3)
+            else:
+                weights = (mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight)
+            for layer, weight, bias in zip((self.q, self.k, self.v), weights,
+                                           mha.in_proj_bias.chunk(3)):
+                layer.weight.copy_(weight)
+                layer.bias.copy_(bias)
+            self.out.weight.copy_(mha.out_proj.weight)
+            self.out.bias.copy_(mha.out_proj.bias)
+
+    def _heads(self, x):
+        batch, length, embed = x.shape
+        return x.view(batch, length, self.heads, embed // self.heads).transpose(1, 2)
+
+    def forward(self, query, memory=None, value=None):
+        if self.mode == "self":
+            memory = value = query
+        elif self.mode == "cross":
+            value = memory
+        batch, length, embed = query.shape
+        out = F.scaled_dot_product_attention(self._heads(self.q(query)),
+                                             self._heads(self.k(memory)),
+                                             self._heads(self.v(value)))
+        return self.out(out.transpose(1, 2).reshape(batch, length, embed))
+
+
+class IdealDecoderLayer(nn.Module):
+    """``nn.TransformerDecoderLayer`` (relu, eval) with IdealAttention in both blocks."""
+
+    def __init__(self, layer: nn.TransformerDecoderLayer):
+        super().__init__()
+        self.self_attn = IdealAttention(layer.self_attn, "self")
+        self.cross_attn = IdealAttention(layer.multihead_attn, "cross")
+        self.linear1, self.linear2 = layer.linear1, layer.linear2
+        self.norm1, self.norm2, self.norm3 = layer.norm1, layer.norm2, layer.norm3
+        self.norm_first = layer.norm_first
+
+    def _ff(self, x):
+        return self.linear2(F.relu(self.linear1(x)))
+
+    def forward(self, tgt, memory):
+        x = tgt
+        if self.norm_first:
+            x = x + self.self_attn(self.norm1(x))
+            x = x + self.cross_attn(self.norm2(x), memory)
+            return x + self._ff(self.norm3(x))
+        x = self.norm1(x + self.self_attn(x))
+        x = self.norm2(x + self.cross_attn(x, memory))
+        return self.norm3(x + self._ff(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, embed, heads, ff, norm_first=False):
+        super().__init__()
+        self.layer = nn.TransformerDecoderLayer(embed, heads, dim_feedforward=ff, dropout=0.0,
+                                                batch_first=True, norm_first=norm_first)
+        for attn in (self.layer.self_attn, self.layer.multihead_attn):
+            nn.init.normal_(attn.in_proj_bias)
+
+    def forward(self, tgt, memory):
+        return self.layer(tgt, memory)
+
+
+def attention_case(mode: str, embed=16, heads=2, tgt=5, src=7, kdim=None, vdim=None,
+                   dynamic=False, seed=0) -> Case:
+    torch.manual_seed(seed)
+    mha = _mha(embed, heads, kdim=kdim, vdim=vdim)
+    model = Attention(mha, mode).eval()
+    ideal = IdealAttention(mha, mode).eval()
+    query = torch.randn(1, tgt, embed)
+    if mode == "self":
+        inputs = (query,)
+    elif mode == "cross":
+        inputs = (query, torch.randn(1, src, embed))
+    else:
+        inputs = (query, torch.randn(1, src, kdim or embed), torch.randn(1, src, vdim or embed))
+    dynamic_shapes = None
+    if dynamic:
+        t_len = torch.export.Dim("tgt", min=2, max=64)
+        s_len = torch.export.Dim("src", min=2, max=64)
+        dynamic_shapes = ({1: t_len}, {1: s_len})
+    name = {"self": "self-attention", "cross": "cross-attention",
+            "kv": "kdim/vdim" if kdim else "different k/v"}[mode]
+    return Case(name, model, inputs, ideal, dynamic_shapes)
+
+
+def decoder_case(embed=16, heads=2, ff=32, tgt=5, src=7, norm_first=False, seed=0) -> Case:
+    torch.manual_seed(seed)
+    model = DecoderLayer(embed, heads, ff, norm_first).eval()
+    ideal = IdealDecoderLayer(model.layer).eval()
+    name = "decoder layer" + (" (norm_first)" if norm_first else "")
+    return Case(name, model, (torch.randn(1, tgt, embed), torch.randn(1, src, embed)), ideal)
+
+
+# --------------------------------------------------------------------------------------------
+# Other computed params
+
+
+class WeightNormConv(nn.Module):
+    def __init__(self, channels=8, kernel=3):
+        super().__init__()
+        conv = nn.Conv1d(channels, channels, kernel, padding=kernel // 2)
+        self.conv = torch.nn.utils.parametrizations.weight_norm(conv)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def _plain_conv(module: WeightNormConv) -> nn.Conv1d:
+    source = module.conv
+    conv = nn.Conv1d(source.in_channels, source.out_channels, source.kernel_size,
+                     padding=source.padding)
+    with torch.no_grad():
+        conv.weight.copy_(source.weight)
+        conv.bias.copy_(source.bias)
+    return conv
+
+
+class LoraLinear(nn.Module):
+    """``F.linear(x, W + (B @ A) * scale, b)``: a LoRA adapter merged at every call."""
+
+    def __init__(self, features=16, rank=4, scale=0.5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(features, features))
+        self.bias = nn.Parameter(torch.randn(features))
+        self.lora_a = nn.Parameter(torch.randn(rank, features))
+        self.lora_b = nn.Parameter(torch.randn(features, rank))
+        self.scale = scale
+
+    def forward(self, x):
+        return F.linear(x, self.weight + (self.lora_b @ self.lora_a) * self.scale, self.bias)
+
+
+def _plain_linear(weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        linear.bias.copy_(bias)
+    return linear
+
+
+def weight_norm_case(channels=8, length=20, seed=0) -> Case:
+    torch.manual_seed(seed)
+    model = WeightNormConv(channels).eval()
+    return Case("weight_norm conv1d", model, (torch.randn(1, channels, length),),
+                _plain_conv(model).eval())
+
+
+def lora_case(features=16, rows=5, seed=0) -> Case:
+    torch.manual_seed(seed)
+    model = LoraLinear(features).eval()
+    with torch.no_grad():
+        merged = model.weight + (model.lora_b @ model.lora_a) * model.scale
+    return Case("LoRA linear", model, (torch.randn(rows, features),),
+                _plain_linear(merged, model.bias).eval())
+
+
+# --------------------------------------------------------------------------------------------
+# The report's sets. Each entry builds its Case lazily: models are cheap, lowering is not.
+
+SMALL: dict = {
+    "cross-attention": lambda: attention_case("cross"),
+    "different-kv": lambda: attention_case("kv"),
+    "kdim-vdim": lambda: attention_case("kv", kdim=12, vdim=10),
+    "decoder-layer": lambda: decoder_case(),
+    "self-attention": lambda: attention_case("self"),
+    "weight-norm-conv1d": lambda: weight_norm_case(),
+    "lora-linear": lambda: lora_case(),
+}
+
+LARGE: dict = {
+    "cross-attention-512": lambda: attention_case("cross", embed=512, heads=8, tgt=64, src=128),
+    "decoder-layer-512": lambda: decoder_case(embed=512, heads=8, ff=1024, tgt=64, src=128),
+    "self-attention-512": lambda: attention_case("self", embed=512, heads=8, tgt=64),
+    "weight-norm-conv1d-256": lambda: weight_norm_case(channels=256, length=400),
+    "lora-linear-1024": lambda: lora_case(features=1024, rows=64),
+}
+
+ALL: dict = {**SMALL, **LARGE}
+
+
+def build(name: str) -> Case:
+    try:
+        factory: Callable[[], Case] = ALL[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(ALL)}") from None
+    case = factory()
+    case.name = name
+    return case

@@ -1,0 +1,86 @@
+"""The one helper every test uses: lower stock and xnnfold, run both .pte, compare, count."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+import torch
+
+from xnnfold.measure import STOCK, XNNFOLD, Lowered, lower, max_abs_diff, run_pte
+
+torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
+
+# XNNPACK's serialized graph has a per-tensor entry a little larger than the portable program's
+# (measured: +8 to +16 bytes per constant moved into a delegate, whatever its size). A fold that
+# stores any tensor twice exceeds this by the tensor's size.
+DELEGATE_BYTES_PER_CONSTANT = 16
+
+
+@dataclass
+class Checked:
+    stock: Lowered
+    folded: Lowered
+    stock_diff: float
+    folded_diff: float
+
+    @property
+    def fold(self):
+        return self.folded.fold
+
+    def status(self, gemm: str, role: str) -> str:
+        return next(o.status for o in self.fold.operands if o.gemm == gemm and o.role == role)
+
+    def statuses(self) -> set:
+        return {o.status for o in self.fold.operands}
+
+
+def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=None,
+                   run_inputs: Optional[list] = None, tol: float = 1e-5,
+                   partitioner_kwargs: Optional[dict] = None) -> Checked:
+    """Export (unless ``ep`` is given), lower stock and xnnfold, run both on the runtime.
+
+    Asserts what holds for *every* program: the xnnfold .pte matches eager within ``tol``, and
+    it never has more bytes (but for the per-constant overhead of XNNPACK's format), delegate calls or GEMMs outside delegates than stock. Returns the
+    two lowerings for the test's own assertions. ``run_inputs`` are extra input tuples (other
+    dynamic sizes) to run both programs on.
+    """
+    if ep is None:
+        ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+    stock = lower(ep, STOCK, partitioner_kwargs)
+    folded = lower(ep, XNNFOLD, partitioner_kwargs)
+    diffs = {STOCK: 0.0, XNNFOLD: 0.0}
+    for args in [inputs] + list(run_inputs or []):
+        with torch.no_grad():
+            expected = reference(*args) if reference is not None else model(*args)
+        for variant, lowered in ((STOCK, stock), (XNNFOLD, folded)):
+            diffs[variant] = max(diffs[variant], max_abs_diff(run_pte(lowered.pte, args),
+                                                              expected))
+    assert diffs[XNNFOLD] <= tol, f"xnnfold .pte differs from eager by {diffs[XNNFOLD]}"
+    slack = DELEGATE_BYTES_PER_CONSTANT * len(folded.fold.constants if folded.fold else [])
+    assert folded.pte_bytes <= stock.pte_bytes + slack, (folded.pte_bytes, stock.pte_bytes)
+    assert folded.delegate_calls <= stock.delegate_calls, (folded.delegate_calls,
+                                                           stock.delegate_calls)
+    assert len(folded.gemms_outside) <= len(stock.gemms_outside)
+    assert folded.fold is not None and folded.fold.fallback is None, folded.fold.fallback
+    return Checked(stock, folded, diffs[STOCK], diffs[XNNFOLD])
+
+
+def assert_all_delegated(checked: Checked, packed_shapes=(), part_shapes=()) -> None:
+    """No GEMM and no split outside delegates; delegates hold the parts, not the packed param."""
+    folded = checked.folded
+    assert folded.gemms_outside == [], folded.ops_outside
+    assert folded.splits_outside == [], folded.ops_outside
+    held = folded.constant_shapes()
+    for shape in packed_shapes:
+        assert tuple(shape) not in held, f"a delegate holds the packed param {shape}: {held}"
+    for shape in part_shapes:
+        assert tuple(shape) in held, f"no delegate holds a part of shape {shape}: {held}"
+
+
+@pytest.fixture
+def xnnfold_log(caplog):
+    caplog.set_level(logging.WARNING, logger="xnnfold")
+    return caplog
