@@ -162,6 +162,13 @@ def cone_of(node: torch.fx.Node, facts: ProgramFacts) -> list:
     return sorted((facts.nodes[name] for name in seen), key=lambda n: order[n.name])
 
 
+def is_metadata_assertion(node: torch.fx.Node) -> bool:
+    """``_assert_tensor_metadata`` (emitted by ``.to()``): on a static value it holds by
+    construction, so it goes away with the value it checks instead of keeping it alive."""
+    return node.op == "call_function" and \
+        node.target is torch.ops.aten._assert_tensor_metadata.default
+
+
 def _is_dequantize(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and any(
         name in op_name(node.target) for name in _DEQUANTIZE_NAMES)

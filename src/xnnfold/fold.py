@@ -19,7 +19,7 @@ from executorch.backends.transforms.utils import (
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from .analysis import ProgramFacts
+from .analysis import ProgramFacts, is_metadata_assertion
 from .errors import FoldError, at_node
 from .evaluate import ConeEvaluator, own_storage
 
@@ -113,7 +113,11 @@ def apply_folds(ep: ExportedProgram, facts: ProgramFacts, members: list) -> Fold
     # Drop the cone nodes nothing reads any more (latest first), then the params they freed.
     cone = {n.name for m in members for n in m.cone}
     for node in reversed(list(graph.nodes)):
-        if node.name in cone and not node.users:
+        if node.name not in cone:
+            continue
+        if all(is_metadata_assertion(u) for u in node.users):
+            for assertion in list(node.users):
+                graph.erase_node(assertion)
             graph.erase_node(node)
     signature = program.graph_signature
     targets = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,

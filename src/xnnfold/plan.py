@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 import torch
 import torch.fx
 
-from .analysis import FoldTarget, ProgramFacts
+from .analysis import FoldTarget, ProgramFacts, is_metadata_assertion
 from .gemms import op_name
 
 
@@ -125,7 +125,8 @@ def freed_nodes(group: Group) -> set:
     for name in sorted(candidates, key=order.get, reverse=True):
         node = candidates[name]
         skip = rewired.get(name, set())
-        if all(u.name in dead or u.name in skip for u in node.users):
+        if all(u.name in dead or u.name in skip or is_metadata_assertion(u)
+               for u in node.users):
             dead.add(name)
     return dead
 
