@@ -217,7 +217,7 @@ class SevenDimBias(nn.Module):
 def test_bias_computed_with_seven_dims():
     """Stock puts the 7-dim view in its delegate, which XNNPACK rejects at init (measured:
     "Failed to define tensor 0 ... xnn_status_unsupported_parameter"); folded, it runs."""
-    checked = check_lowering(SevenDimBias(), (_rows(),), stock_fails_at_runtime=True)
+    checked = check_lowering(SevenDimBias(), (_rows(),), stock_run="raises")
     assert_all_delegated(checked, packed_shapes=[(2 * K,)], part_shapes=[(K,), (K, K)])
 
 
