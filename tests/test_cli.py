@@ -1,0 +1,99 @@
+"""The command line on a small saved program, every bad input, and the report's JSON schema."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from xnnfold import cli, models, report
+from xnnfold.measure import run_pte
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    case = models.attention_case("cross")
+    path = tmp_path_factory.mktemp("programs") / "cross.pt2"
+    torch.export.save(torch.export.export(case.model, case.inputs), str(path))
+    return case, path
+
+
+def test_lower_writes_a_pte_that_runs(saved, tmp_path, capsys):
+    case, path = saved
+    out = tmp_path / "cross.pte"
+    assert cli.main(["lower", str(path), "-o", str(out), "--explain"]) == 0
+    printed = capsys.readouterr().out
+    assert "GEMMs outside delegates: 0" in printed and "folded 4 constant(s)" in printed
+    assert "mha.in_proj_weight" in printed and "declined" not in printed
+    result = run_pte(out.read_bytes(), case.inputs)[0]
+    assert float((result - case.model(*case.inputs)).abs().max()) <= 1e-5
+
+
+def test_lower_stock(saved, tmp_path, capsys):
+    _, path = saved
+    assert cli.main(["lower", str(path), "-o", str(tmp_path / "s.pte"), "--stock"]) == 0
+    assert "GEMMs outside delegates: 2" in capsys.readouterr().out
+
+
+def test_explain(saved, capsys):
+    _, path = saved
+    assert cli.main(["explain", str(path)]) == 0
+    statuses = [line.split()[3] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert statuses == ["folded"] * 4 + ["plain"] * 2
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "not_pt2", "corrupt", "not_program"])
+def test_bad_input_is_one_line_and_exit_2(kind, tmp_path, capsys):
+    path = {"missing": tmp_path / "nope.pt2", "directory": tmp_path,
+            "not_pt2": tmp_path / "model.pt", "corrupt": tmp_path / "bad.pt2",
+            "not_program": tmp_path / "tensor.pt2"}[kind]
+    if kind == "not_pt2":
+        path.write_bytes(b"x")
+    elif kind == "corrupt":
+        path.write_bytes(b"PK\x03\x04 this is not a zip archive")
+    elif kind == "not_program":
+        torch.save(torch.randn(3), str(path))
+    assert cli.main(["explain", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("xnnfold: error:") and str(path) in err[0], err
+
+
+def test_bad_output_folder(saved, tmp_path, capsys):
+    _, path = saved
+    assert cli.main(["lower", str(path), "-o", str(tmp_path / "no" / "x.pte")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_unknown_model_in_report(tmp_path, capsys):
+    assert cli.main(["report", "--models", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(cli.UsageError):
+        cli.main(["--debug", "explain", str(tmp_path / "nope.pt2")])
+
+
+def test_module_entry_point(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "xnnfold", "explain", str(tmp_path / "x.pt2")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "no such file" in done.stderr
+
+
+def test_report_schema_on_one_tiny_model(tmp_path):
+    result = report.run_report(names=["lora-linear"], reps=2, out=tmp_path, show_progress=False)
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved == json.loads(json.dumps(result))
+    assert saved["schema"] == report.SCHEMA_VERSION and saved["reps"] == 2
+    assert {r["variant"] for r in saved["rows"]} == set(report.VARIANTS)
+    keys = {"model", "variant", "gemms_outside", "delegate_calls", "pte_bytes", "max_abs_diff",
+            "lower_seconds", "median_ms", "min_ms", "max_ms", "ratio_to_stock", "error"}
+    for row in saved["rows"]:
+        assert keys <= row.keys() and row["error"] is None, row
+        assert row["median_ms"] > 0 and row["min_ms"] <= row["median_ms"] <= row["max_ms"]
+    by = {r["variant"]: r for r in saved["rows"]}
+    assert by["stock"]["gemms_outside"] == 1 and by["xnnfold"]["gemms_outside"] == 0
+    assert by["stock"]["ratio_to_stock"] == 1.0
+    assert (tmp_path / "latency.png").stat().st_size > 0
+    assert "| lora-linear" in (tmp_path / "report.md").read_text()
