@@ -35,6 +35,9 @@ def test_injected_failure_lowers_exactly_as_stock(cross, monkeypatch, xnnfold_lo
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     message = warnings[0].getMessage()
     assert "split_with_sizes" in message and "injected" in message, message
+    rows = {(r.gemm, r.role): (r.status, r.rule) for r in folded.fold.operands}
+    assert rows[("linear", "weight")] == ("declined", "internal")
+    assert rows[("linear_2", "weight")] == ("plain", None)
 
 
 def test_fold_does_not_mutate_its_input(cross):

@@ -17,13 +17,9 @@ _STATUS_TEXT = {"plain": "plain param (stock delegates it as is)",
 def explain(ep: ExportedProgram, partitioner=None) -> list:
     """The :class:`~xnnfold.pipeline.GemmOperand` rows of ``fold_gemm_params(ep)``.
 
-    Raises nothing the fold would not: if the fold fell back to stock, every row says so.
+    If the fold fell back to stock, the operands it would have folded say so (rule "internal").
     """
-    result = fold_gemm_params(ep, partitioner)
-    if result.fallback:
-        for row in result.operands:
-            row.status, row.rule, row.reason = "declined", "internal", result.fallback
-    return result.operands
+    return fold_gemm_params(ep, partitioner).operands
 
 
 def format_explanation(rows: list, fallback: Optional[str] = None) -> str:

@@ -119,7 +119,18 @@ def run(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
         where, why = "<program>", f"{type(error).__name__}: {error}"
     logger.warning("xnnfold: folding skipped at node %r: %s; lowering as the stock "
                    "XnnpackPartitioner would", where, why)
-    return FoldResult(ep, fallback=f"at node {where!r}: {why}")
+    return FoldResult(ep, _unfolded_rows(ep, where, why), fallback=f"at node {where!r}: {why}")
+
+
+def _unfolded_rows(ep: ExportedProgram, where: str, why: str) -> list:
+    """After a fallback, still say what each GEMM operand is, if analysis alone can."""
+    try:
+        operands = find_operands(ep)
+    except Exception:  # noqa: BLE001 - the warning already names the failure
+        return []
+    return [GemmOperand(o.gemm.name, o.kind, o.role, "plain") if o.status == "plain" else
+            GemmOperand(o.gemm.name, o.kind, o.role, "declined", "internal", where, why)
+            for o in operands]
 
 
 __all__ = ["FoldResult", "GemmOperand", "FoldedConstant", "Operand", "run"]

@@ -46,14 +46,15 @@ class Row:
         return statistics.median(self.latency_ms) if self.latency_ms else None
 
 
-def _lower_variant(case: models.Case, variant: str):
-    if variant == IDEAL:
-        if case.ideal is None:
-            return None
-        ep = torch.export.export(case.ideal, case.inputs, dynamic_shapes=case.dynamic_shapes)
-        return lower(ep, STOCK)
-    ep = torch.export.export(case.model, case.inputs, dynamic_shapes=case.dynamic_shapes)
-    return lower(ep, variant)
+def _lower_variant(case: models.Case, variant: str, exported: dict):
+    """Lower one variant; ``exported`` caches each module's export (it costs a second)."""
+    module = case.ideal if variant == IDEAL else case.model
+    if module is None:
+        return None
+    if id(module) not in exported:
+        exported[id(module)] = torch.export.export(module, case.inputs,
+                                                   dynamic_shapes=case.dynamic_shapes)
+    return lower(exported[id(module)], STOCK if variant == IDEAL else variant)
 
 
 def measure_model(name: str, reps: int, warmup: int = 3, progress=None) -> list:
@@ -61,11 +62,11 @@ def measure_model(name: str, reps: int, warmup: int = 3, progress=None) -> list:
     case = models.build(name)
     with torch.no_grad():
         expected = case.model(*case.inputs)
-    rows, runners = [], {}
+    rows, runners, exported = [], {}, {}
     for variant in VARIANTS:
         row = Row(name, variant)
         try:
-            lowered = _lower_variant(case, variant)
+            lowered = _lower_variant(case, variant, exported)
             if lowered is None:
                 continue
             runner = PteRunner(lowered.pte)
