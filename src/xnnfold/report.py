@@ -174,13 +174,18 @@ def plot(report: dict, path: Path) -> None:
     for index, variant in enumerate(VARIANTS):
         values = [next((r["median_ms"] for r in report["rows"] if r["model"] == name
                         and r["variant"] == variant and r["median_ms"]), 0) for name in names]
-        ax.bar([i + index * width for i in range(len(names))], values, width, label=variant)
+        wrong = any(r["variant"] == variant and (r["max_abs_diff"] or 0) > 1e-3
+                    for r in report["rows"])
+        label = f"{variant} (wrong outputs)" if wrong and variant != STOCK else variant
+        ax.bar([i + index * width for i in range(len(names))], values, width, label=label,
+               hatch="//" if wrong and variant != STOCK else None)
     ax.set_yscale("log")
     ax.set_ylabel("latency, ms (median, log scale)")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
-    ax.legend(fontsize=8)
-    ax.set_title("ExecuTorch runtime latency: stock vs xnnfold vs ideal")
+    ax.legend(fontsize=8, ncol=len(VARIANTS), loc="lower center", bbox_to_anchor=(0.5, 1.0),
+              frameon=False)
+    ax.set_title("ExecuTorch runtime latency: stock vs xnnfold vs ideal", pad=24)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
