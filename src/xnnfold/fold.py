@@ -36,13 +36,6 @@ class FoldedConstant:
     shape: tuple
     dtype: torch.dtype
 
-    @property
-    def nbytes(self) -> int:
-        numel = 1
-        for size in self.shape:
-            numel *= size
-        return numel * torch.empty((), dtype=self.dtype).element_size()
-
 
 @dataclass
 class Folded:

@@ -13,9 +13,9 @@ from typing import Callable, Optional
 from torch.export import ExportedProgram
 
 from . import plan
-from .analysis import Operand, find_operands, find_static
+from .analysis import find_operands, find_static
 from .errors import FoldError
-from .fold import FoldedConstant, apply_folds
+from .fold import apply_folds
 
 logger = logging.getLogger("xnnfold")
 
@@ -132,5 +132,3 @@ def _unfolded_rows(ep: ExportedProgram, where: str, why: str) -> list:
             GemmOperand(o.gemm.name, o.kind, o.role, "declined", "internal", where, why)
             for o in operands]
 
-
-__all__ = ["FoldResult", "GemmOperand", "FoldedConstant", "Operand", "run"]

@@ -51,9 +51,6 @@ class Group:
     def declined(self) -> bool:
         return any(m.decline is not None for m in self.members)
 
-    def cone_names(self) -> set:
-        return {n.name for m in self.members for n in m.cone}
-
 
 def _nbytes(node: torch.fx.Node) -> int:
     val = node.meta.get("val")
