@@ -21,5 +21,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# The property test's long profile: random (not derandomized), 1,000 examples by default.
+fuzz: $(STAMP)
+	XNNFOLD_FUZZ=1 XNNFOLD_EXAMPLES=$${XNNFOLD_EXAMPLES:-1000} $(PY) -m pytest -q tests/test_property.py
+
 clean:
 	rm -rf $(VENV) out .pytest_cache

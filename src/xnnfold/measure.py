@@ -5,6 +5,7 @@ One place for the numbers the tests assert and the report prints, so the two nev
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -41,6 +42,7 @@ class Lowered:
     ops_outside: list                  # edge op names of call_functions outside delegates
     delegate_calls: int
     delegate_constants: list           # DelegateConstant, over all delegates
+    program_constants: list            # DelegateConstant kept outside delegates (portable ops)
     lower_seconds: float
     fold: object = None                # FoldResult, for the xnnfold variant
 
@@ -60,27 +62,36 @@ class Lowered:
     def quant_ops_outside(self) -> list:
         return [n for n in self.ops_outside if any(h in n for h in _QUANT_OP_HINTS)]
 
+    @property
+    def constant_bytes(self) -> int:
+        """Tensor data the .pte holds: constants of portable ops plus those of each delegate
+        (a constant in two places counts twice, as it is stored twice)."""
+        return sum(math.prod(c.shape) * c.dtype.itemsize
+                   for c in self.delegate_constants + self.program_constants)
+
     def constant_shapes(self) -> list:
         return sorted(tuple(c.shape) for c in self.delegate_constants)
+
+
+def _constants(program: ExportedProgram) -> list:
+    """The non-input placeholders of ``program`` that something reads."""
+    kinds = {s.arg.name: s.kind for s in program.graph_signature.input_specs}
+    return [DelegateConstant(n.name, tuple(n.meta["val"].shape), n.meta["val"].dtype)
+            for n in program.graph.nodes
+            if n.op == "placeholder" and n.users and kinds.get(n.name) != InputKind.USER_INPUT]
 
 
 def _delegate_constants(edge_program: ExportedProgram) -> list:
     constants = []
     module = edge_program.graph_module
     for node in edge_program.graph.nodes:
-        if node.op != "get_attr" or not node.target.startswith("lowered_module"):
-            continue
-        original = getattr(module, node.target).original_module
-        kinds = {s.arg.name: s.kind for s in original.graph_signature.input_specs}
-        for inner in original.graph.nodes:
-            if inner.op == "placeholder" and kinds.get(inner.name) != InputKind.USER_INPUT:
-                val = inner.meta.get("val")
-                constants.append(DelegateConstant(inner.name, tuple(val.shape), val.dtype))
+        if node.op == "get_attr" and node.target.startswith("lowered_module"):
+            constants += _constants(getattr(module, node.target).original_module)
     return constants
 
 
 def inspect_lowered(edge_program: ExportedProgram) -> tuple:
-    """(op names outside delegates, delegate call count, delegate constants)."""
+    """(op names outside delegates, delegate call count, delegate constants, other constants)."""
     ops, calls = [], 0
     for node in edge_program.graph.nodes:
         if node.op != "call_function":
@@ -90,7 +101,7 @@ def inspect_lowered(edge_program: ExportedProgram) -> tuple:
             calls += 1
         elif name != "getitem":
             ops.append(name)
-    return ops, calls, _delegate_constants(edge_program)
+    return ops, calls, _delegate_constants(edge_program), _constants(edge_program)
 
 
 def lower(ep: ExportedProgram, variant: str = XNNFOLD, partitioner_kwargs: Optional[dict] = None
@@ -110,9 +121,9 @@ def lower(ep: ExportedProgram, variant: str = XNNFOLD, partitioner_kwargs: Optio
     if _has_quantized_ops(ep):
         import executorch.kernels.quantized  # noqa: F401 - registers the out variants
     edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
-    ops, calls, constants = inspect_lowered(edge.exported_program())
+    ops, calls, constants, kept = inspect_lowered(edge.exported_program())
     pte = edge.to_executorch().buffer
-    return Lowered(variant, pte, ops, calls, constants, time.perf_counter() - start,
+    return Lowered(variant, pte, ops, calls, constants, kept, time.perf_counter() - start,
                    getattr(partitioner, "last_result", None))
 
 
