@@ -8,7 +8,7 @@ is the bar for delegate calls, bytes and latency. Every model is built from a se
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -25,8 +25,6 @@ class Case:
     inputs: tuple
     ideal: Optional[nn.Module] = None
     dynamic_shapes: Optional[object] = None
-    notes: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
