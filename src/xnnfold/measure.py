@@ -27,7 +27,9 @@ _QUANT_OP_HINTS = ("quantize_per", "dequantize_per", "quantize_affine", "dequant
 
 
 @dataclass
-class DelegateConstant:
+class HeldConstant:
+    """A constant tensor the lowered program stores, in a delegate or for portable ops."""
+
     name: str
     shape: tuple
     dtype: torch.dtype
@@ -41,8 +43,8 @@ class Lowered:
     pte: bytes
     ops_outside: list                  # edge op names of call_functions outside delegates
     delegate_calls: int
-    delegate_constants: list           # DelegateConstant, over all delegates
-    program_constants: list            # DelegateConstant kept outside delegates (portable ops)
+    delegate_constants: list           # HeldConstant, over all delegates
+    program_constants: list            # HeldConstant read by ops outside delegates
     lower_seconds: float
     fold: object = None                # FoldResult, for the xnnfold variant
 
@@ -76,7 +78,7 @@ class Lowered:
 def _constants(program: ExportedProgram) -> list:
     """The non-input placeholders of ``program`` that something reads."""
     kinds = {s.arg.name: s.kind for s in program.graph_signature.input_specs}
-    return [DelegateConstant(n.name, tuple(n.meta["val"].shape), n.meta["val"].dtype)
+    return [HeldConstant(n.name, tuple(n.meta["val"].shape), n.meta["val"].dtype)
             for n in program.graph.nodes
             if n.op == "placeholder" and n.users and kinds.get(n.name) != InputKind.USER_INPUT]
 

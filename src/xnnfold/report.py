@@ -122,7 +122,6 @@ def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20
 
 
 def _machine() -> str:
-    import executorch  # noqa: F401
     from importlib.metadata import version
     return (f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
             f"executorch {version('executorch')}")
