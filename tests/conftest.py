@@ -105,6 +105,21 @@ def assert_all_delegated(checked: Checked, packed_shapes=(), part_shapes=()) -> 
         assert tuple(shape) in held, f"no delegate holds a part of shape {shape}: {held}"
 
 
+# The ops MHA's in-projection layout chain leaves on portable (no XNNPACK config in 1.5.1).
+LAYOUT_OPS = frozenset({"aten.select_copy.int", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
+                        "aten.unsqueeze_copy.default"})
+
+
+def assert_matches_ideal(checked: Checked) -> None:
+    """No more delegate calls and .pte bytes than the ideal, and no layout op left on portable."""
+    folded, ideal = checked.folded, checked.ideal
+    assert ideal is not None, "pass ideal= to check_lowering"
+    assert folded.delegate_calls <= ideal.delegate_calls, (folded.delegate_calls,
+                                                           ideal.delegate_calls)
+    assert folded.pte_bytes <= ideal.pte_bytes, (folded.pte_bytes, ideal.pte_bytes)
+    assert not LAYOUT_OPS & set(folded.ops_outside), folded.ops_outside
+
+
 @pytest.fixture
 def xnnfold_log(caplog):
     caplog.set_level(logging.WARNING, logger="xnnfold")

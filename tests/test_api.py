@@ -46,7 +46,7 @@ def test_fold_does_not_mutate_its_input(cross):
     signature_before = str(ep.graph_signature)
     state_before = {k: v.clone() for k, v in ep.state_dict.items()}
     result = xnnfold.fold_gemm_params(ep)
-    assert result.program is not ep and len(result.constants) == 4
+    assert result.program is not ep and len(result.constants) == 6   # q, and k, v split
     assert str(ep.graph) == graph_before
     assert str(ep.graph_signature) == signature_before
     assert state_before.keys() == ep.state_dict.keys()
@@ -70,7 +70,9 @@ def test_folded_program_lowers_on_the_legacy_path(cross):
     ops, pte = legacy(xnnfold.fold_gemm_params(ep).program)
     assert "aten.split_with_sizes_copy.default" in stock_ops
     assert not [op for op in ops if "split" in op], ops
-    assert ops.count("aten.addmm.default") <= stock_ops.count("aten.addmm.default")
+    # Stock leaves q, kv and out on portable here; the kv projection split in two adds one
+    # addmm of half the size (same FLOPs): the hook's path is the one that delegates them.
+    assert ops.count("aten.addmm.default") <= stock_ops.count("aten.addmm.default") + 1
     assert max_abs_diff(run_pte(pte, case.inputs), case.model(*case.inputs)) <= 1e-5
 
 
@@ -86,7 +88,8 @@ def test_explain_names_every_operand(cross):
     rows = xnnfold.explain(ep)
     assert [(r.gemm, r.role, r.status) for r in rows] == [
         ("linear", "weight", "folded"), ("linear", "bias", "folded"),
-        ("linear_1", "weight", "folded"), ("linear_1", "bias", "folded"),
+        ("linear_1_part0", "weight", "folded"), ("linear_1_part0", "bias", "folded"),
+        ("linear_1_part1", "weight", "folded"), ("linear_1_part1", "bias", "folded"),
         ("linear_2", "weight", "plain"), ("linear_2", "bias", "plain")]
     text = xnnfold.format_explanation(rows)
     assert "_xnnfold_getitem" in text and "plain" in text

@@ -24,7 +24,7 @@ def test_lower_writes_a_pte_that_runs(saved, tmp_path, capsys):
     out = tmp_path / "cross.pte"
     assert cli.main(["lower", str(path), "-o", str(out), "--explain"]) == 0
     printed = capsys.readouterr().out
-    assert "GEMMs outside delegates: 0" in printed and "folded 4 constant(s)" in printed
+    assert "GEMMs outside delegates: 0" in printed and "folded 6 constant(s)" in printed
     assert "mha.in_proj_weight" in printed and "declined" not in printed
     result = run_pte(out.read_bytes(), case.inputs)[0]
     assert float((result - case.model(*case.inputs)).abs().max()) <= 1e-5
@@ -39,8 +39,10 @@ def test_lower_stock(saved, tmp_path, capsys):
 def test_explain(saved, capsys):
     _, path = saved
     assert cli.main(["explain", str(path)]) == 0
-    statuses = [line.split()[3] for line in capsys.readouterr().out.splitlines()[2:]]
-    assert statuses == ["folded"] * 4 + ["plain"] * 2
+    lines = capsys.readouterr().out.splitlines()
+    statuses = [line.split()[3] for line in lines[2:] if "packed projection" not in line]
+    assert statuses == ["folded"] * 6 + ["plain"] * 2
+    assert any("packed projection of 2 parts split into" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("kind", ["missing", "directory", "not_pt2", "corrupt", "not_program"])
@@ -96,4 +98,10 @@ def test_report_schema_on_one_tiny_model(tmp_path):
     assert by["stock"]["gemms_outside"] == 1 and by["xnnfold"]["gemms_outside"] == 0
     assert by["stock"]["ratio_to_stock"] == 1.0
     assert (tmp_path / "latency.png").stat().st_size > 0
-    assert "| lora-linear" in (tmp_path / "report.md").read_text()
+    text = (tmp_path / "report.md").read_text()
+    assert "| lora-linear" in text
+    ideal = by["ideal"]
+    beside = text.split("## xnnfold beside the ideal rewrite")[1]
+    line = next(line for line in beside.splitlines() if line.startswith("| lora-linear"))
+    assert f"{by['xnnfold']['delegate_calls']} / {ideal['delegate_calls']}" in line, line
+    assert f"{by['xnnfold']['pte_bytes']:,} / {ideal['pte_bytes']:,}" in line, line

@@ -41,7 +41,7 @@ def _cmd_explain(args) -> int:
 
     program = _load_program(args.program)
     result = xnnfold.fold_gemm_params(program)
-    print(xnnfold.format_explanation(result.operands, result.fallback))
+    print(xnnfold.format_explanation(result.operands, result.fallback, result.projections))
     return 0
 
 
@@ -61,13 +61,14 @@ def _cmd_lower(args) -> int:
     output.write_bytes(lowered.pte)
     fold = lowered.fold
     if fold is not None:
+        split = [p for p in fold.projections if p.kept_because is None]
         print(f"folded {len(fold.constants)} constant(s) for "
-              f"{len(fold.folded)} GEMM operand(s); freed params: "
-              f"{', '.join(fold.freed_params) or 'none'}")
+              f"{len(fold.folded)} GEMM operand(s); packed projections split: {len(split)}; "
+              f"freed params: {', '.join(fold.freed_params) or 'none'}")
         if fold.fallback:
             print(f"fell back to stock: {fold.fallback}")
         if args.explain:
-            print(xnnfold.format_explanation(fold.operands, fold.fallback))
+            print(xnnfold.format_explanation(fold.operands, fold.fallback, fold.projections))
     print(f"GEMMs outside delegates: {len(lowered.gemms_outside)}; delegate calls: "
           f"{lowered.delegate_calls}; .pte bytes: {lowered.pte_bytes:,}; written to {output}")
     return 0
@@ -82,6 +83,8 @@ def _cmd_report(args) -> int:
     except KeyError as error:
         raise UsageError(error.args[0])
     print(report.table(result))
+    print()
+    print(report.ideal_table(result))
     print(f"\nwritten: {args.out}/report.md, report.json, latency.png")
     return 0
 

@@ -1,4 +1,5 @@
-"""Explain: for every GEMM weight and bias, delegated as is, folded, or declined and why."""
+"""Explain: for every GEMM weight and bias, delegated as is, folded, or declined and why; and
+which packed projections were split into one linear per part."""
 
 from __future__ import annotations
 
@@ -14,19 +15,38 @@ _STATUS_TEXT = {"plain": "plain param (stock delegates it as is)",
                 "declined": "declined"}
 
 
-def explain(ep: ExportedProgram, partitioner=None) -> list:
-    """The :class:`~xnnfold.pipeline.GemmOperand` rows of ``fold_gemm_params(ep)``.
+class Explanation(list):
+    """The :class:`~xnnfold.pipeline.GemmOperand` rows, plus ``projections`` (each a
+    :class:`~xnnfold.projections.PackedProjection`, split or kept) and ``fallback``."""
+
+    def __init__(self, rows, projections=(), fallback: Optional[str] = None):
+        super().__init__(rows)
+        self.projections = list(projections)
+        self.fallback = fallback
+
+
+def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
+    """What ``fold_gemm_params(ep)`` does, row by GEMM operand.
 
     If the fold fell back to stock, the operands it would have folded say so (rule "internal").
     """
-    return fold_gemm_params(ep, partitioner).operands
+    result = fold_gemm_params(ep, partitioner)
+    return Explanation(result.operands, result.projections, result.fallback)
 
 
-def format_explanation(rows: list, fallback: Optional[str] = None) -> str:
+def format_explanation(rows: list, fallback: Optional[str] = None, projections=None) -> str:
+    """A table of ``rows``; then the packed projections and the fallback, if any.
+
+    ``projections`` and ``fallback`` default to those of an :class:`Explanation`.
+    """
+    projections = projections if projections is not None else getattr(rows, "projections", [])
+    fallback = fallback or getattr(rows, "fallback", None)
     table = [[r.gemm, r.kind, r.role, r.status, r.rule or "", r.node or r.constant or "",
               r.reason or ""] for r in rows]
     text = tabulate(table, headers=["gemm", "kind", "operand", "status", "rule",
                                     "node / constant", "reason"]) if table else "no GEMM"
+    for site in projections:
+        text += f"\n{site.describe()}"
     if fallback:
         text += f"\nxnnfold fell back to stock: {fallback}"
     return text

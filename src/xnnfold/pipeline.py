@@ -15,7 +15,8 @@ from torch.export import ExportedProgram
 from . import plan
 from .analysis import find_operands, find_static
 from .errors import FoldError
-from .fold import apply_folds
+from .fold import apply_folds, copy_program
+from .projections import find_packed_projections, split_packed_projections
 
 logger = logging.getLogger("xnnfold")
 
@@ -48,6 +49,7 @@ class FoldResult:
     operands: list = field(default_factory=list)      # GemmOperand, in graph order
     constants: list = field(default_factory=list)     # FoldedConstant
     freed_params: list = field(default_factory=list)
+    projections: list = field(default_factory=list)  # PackedProjection, split or kept
     probe_rounds: int = 0
     fallback: Optional[str] = None    # set when an internal failure sent us back to stock
 
@@ -80,7 +82,51 @@ def _describe(operands: list, groups: list, constants: dict) -> list:
     return described
 
 
+def unfolded_part(site, rows: dict) -> Optional[GemmOperand]:
+    """The first weight or bias of ``site``'s part linears that was not folded, or None.
+
+    A split is kept only when every part is folded (and so delegated): otherwise the row
+    blocks of the param would stay on portable, next to linears stock never had.
+    """
+    for part in site.part_linears.values():
+        for role in ("weight", "bias"):
+            row = rows.get((part, role))
+            if row is not None and row.status != "folded":
+                return row
+    return None
+
+
 def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
+    """Split packed projections, then fold; undo each split whose parts were not all folded.
+
+    Each site thus ends either fully split, folded and delegated, or exactly as it was.
+    """
+    sites, kept = find_packed_projections(find_static(ep)), []
+    while True:
+        program = ep
+        if sites:
+            program = copy_program(ep)
+            split_packed_projections(program, sites)
+        result = _fold_program(program, probe)
+        rows = {(row.gemm, row.role): row for row in result.operands}
+        newly_kept = []
+        for site in sites:
+            row = unfolded_part(site, rows)
+            if row is not None:
+                site.kept_because = f"{row.gemm}.{row.role} was {row.status}" + (
+                    f" by rule '{row.rule}' ({row.reason})" if row.rule else "")
+                newly_kept.append(site)
+        if not newly_kept:
+            break
+        kept += newly_kept
+        sites = [s for s in sites if s not in newly_kept]
+    for site in kept:
+        site.part_linears = {}
+    result.projections = sites + kept
+    return result
+
+
+def _fold_program(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
     facts = find_static(ep)
     operands = find_operands(ep, facts)
     targets = [op.target for op in operands if op.status == "target"]

@@ -156,9 +156,29 @@ def table(report: dict, fmt: str = "simple") -> str:
     return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
 
 
+def ideal_table(report: dict, fmt: str = "simple") -> str:
+    """xnnfold beside the ideal rewrite, for the models that have one: what is left to gain."""
+    body = []
+    for name in dict.fromkeys(r["model"] for r in report["rows"]):
+        found = {r["variant"]: r for r in report["rows"] if r["model"] == name}
+        folded, ideal = found.get(XNNFOLD), found.get(IDEAL)
+        if not folded or not ideal or folded["error"] or ideal["error"]:
+            continue
+        latency = (f"{folded['median_ms'] / ideal['median_ms']:.3f}"
+                   if folded["median_ms"] and ideal["median_ms"] else "")
+        body.append([name, f"{folded['delegate_calls']} / {ideal['delegate_calls']}",
+                     f"{folded['pte_bytes']:,} / {ideal['pte_bytes']:,}",
+                     f"{folded['pte_bytes'] - ideal['pte_bytes']:+,}", latency])
+    return tabulate(body, headers=["model", "delegate calls xnnfold / ideal",
+                                   ".pte bytes xnnfold / ideal", "bytes vs ideal",
+                                   "latency xnnfold / ideal"],
+                    tablefmt=fmt, disable_numparse=True)
+
+
 def markdown(report: dict) -> str:
     return (f"# xnnfold report\n\n{report['date']} · {report['machine']} · {report['reps']} "
             f"interleaved reps after warm-up\n\n{table(report, 'github')}\n\n"
+            f"## xnnfold beside the ideal rewrite\n\n{ideal_table(report, 'github')}\n\n"
             "![latency](latency.png)\n")
 
 
