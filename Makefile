@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test fuzz clean
+.PHONY: demo test fuzz conformance clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ test: $(STAMP)
 # The property test's long profile: random (not derandomized), 1,000 examples by default.
 fuzz: $(STAMP)
 	XNNFOLD_FUZZ=1 XNNFOLD_EXAMPLES=$${XNNFOLD_EXAMPLES:-1000} $(PY) -m pytest -q tests/test_property.py
+
+# executorch's own XNNPACK tests (linear, conv1d, conv2d, partitioner), stock and with
+# xnnfold.XnnpackPartitioner swapped in by a pytest plugin; one pytest process at a time, both
+# modes take about an hour. Writes out/conformance/summary.md; fails if the passing tests differ.
+conformance: $(STAMP)
+	$(PY) conformance/run.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache
