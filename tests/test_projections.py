@@ -18,7 +18,7 @@ E = 16
 
 
 def _split_sites(checked) -> list:
-    return [p for p in checked.fold.projections if p.kept_because is None]
+    return checked.fold.split_projections
 
 
 def test_self_attention_matches_ideal():

@@ -169,7 +169,7 @@ def is_metadata_assertion(node: torch.fx.Node) -> bool:
         node.target is torch.ops.aten._assert_tensor_metadata.default
 
 
-def _is_dequantize(node: torch.fx.Node) -> bool:
+def is_dequantize(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and any(
         name in op_name(node.target) for name in _DEQUANTIZE_NAMES)
 
@@ -190,7 +190,7 @@ def find_operands(ep: ExportedProgram, facts: Optional[ProgramFacts] = None) -> 
 def _classify(gemm, kind, role, arg, facts) -> Operand:
     target_node, dq = arg, None
     # A quantized weight: dq(q(computed)) -> GEMM. Fold up to the dq, keep the dq.
-    if _is_dequantize(arg) and arg.args and isinstance(arg.args[0], torch.fx.Node):
+    if is_dequantize(arg) and arg.args and isinstance(arg.args[0], torch.fx.Node):
         target_node, dq = arg.args[0], arg
     if target_node.op == "placeholder" or target_node.op == "get_attr":
         status = "plain" if target_node.name in facts.static or target_node.op == "get_attr" \

@@ -61,9 +61,8 @@ def _cmd_lower(args) -> int:
     output.write_bytes(lowered.pte)
     fold = lowered.fold
     if fold is not None:
-        split = [p for p in fold.projections if p.kept_because is None]
         print(f"folded {len(fold.constants)} constant(s) for "
-              f"{len(fold.folded)} GEMM operand(s); packed projections split: {len(split)}; "
+              f"{len(fold.folded)} GEMM operand(s); packed projections split: {len(fold.split_projections)}; "
               f"freed params: {', '.join(fold.freed_params) or 'none'}")
         if fold.fallback:
             print(f"fell back to stock: {fold.fallback}")

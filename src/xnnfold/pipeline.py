@@ -61,6 +61,11 @@ class FoldResult:
     def declined(self) -> list:
         return [o for o in self.operands if o.status == "declined"]
 
+    @property
+    def split_projections(self) -> list:
+        """The packed projections that were split (the others say why they were kept)."""
+        return [p for p in self.projections if p.kept_because is None]
+
 
 def _describe(operands: list, groups: list, constants: dict) -> list:
     members = {t.key: m for g in groups for m in g.members for t in m.targets}

@@ -26,7 +26,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from .analysis import ProgramFacts, cone_of
+from .analysis import ProgramFacts, cone_of, is_dequantize
 from .errors import at_node
 from .gemms import operand
 
@@ -75,15 +75,15 @@ def _dim_is(dim, wanted: int, rank: int) -> bool:
     return isinstance(dim, int) and -rank <= dim < rank and dim % rank == wanted
 
 
-def _has_quantize(node: torch.fx.Node, facts: ProgramFacts) -> bool:
+def _has_dequantize(node: torch.fx.Node, facts: ProgramFacts) -> bool:
     # A quantized weight would be folded as its fp32 value: never rewrite those.
-    return any("quantize" in str(n.target) for n in cone_of(node, facts))
+    return any(is_dequantize(n) for n in cone_of(node, facts))
 
 
 def _static_operand(node: Optional[torch.fx.Node], facts: ProgramFacts) -> bool:
     if node is None:
         return True
-    if node.name not in facts.static or _has_quantize(node, facts):
+    if node.name not in facts.static or _has_dequantize(node, facts):
         return False
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and val.is_floating_point()
