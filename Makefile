@@ -18,12 +18,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m xnnfold report --size small --out out/report
 
+# Two workers, one test file each at a time: a module's lowerings are shared by its tests.
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=5 tests
 
 # The property test's long profile: random (not derandomized), 1,000 examples by default.
 fuzz: $(STAMP)
-	XNNFOLD_FUZZ=1 XNNFOLD_EXAMPLES=$${XNNFOLD_EXAMPLES:-1000} $(PY) -m pytest -q tests/test_property.py
+	XNNFOLD_FUZZ=1 XNNFOLD_EXAMPLES=$${XNNFOLD_EXAMPLES:-1000} $(PY) -m pytest -q --hypothesis-show-statistics tests/test_property.py
 
 # executorch's own XNNPACK tests (linear, conv1d, conv2d, partitioner), stock and with
 # xnnfold.XnnpackPartitioner swapped in by a pytest plugin; one pytest process at a time, both

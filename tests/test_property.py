@@ -1,10 +1,12 @@
 """Property test over generated programs: a packed param, a multi-output op (or none), random
-single-output chains per part, and GEMM or non-GEMM consumers.
+single-output chains per part, and GEMM or non-GEMM consumers. One more mode, "projection",
+builds MHA's packed projection: one linear over the (chained) packed weight whose output is cut
+into parts by MHA's layout chain (sometimes also used whole, which must keep it packed).
 
 Properties: lowering never raises; the xnnfold .pte runs and matches eager; it never leaves more
 GEMMs outside delegates than stock; it never stores more tensor bytes than stock; and, unless a
 conv was folded (XNNPACK stores conv weights in more bytes than the portable program), its .pte
-is no larger than stock's but for XNNPACK's fixed per-GEMM and per-constant overhead. CI profile: derandomized, ``XNNFOLD_EXAMPLES`` examples (default 25).
+is no larger than stock's but for XNNPACK's fixed per-GEMM and per-constant overhead. CI profile: derandomized, ``XNNFOLD_EXAMPLES`` examples (default 100).
 """
 
 import os
@@ -22,9 +24,9 @@ from conftest import DELEGATE_BYTES_PER_CONSTANT, check_lowering
 # storage is checked exactly.
 DELEGATE_BYTES_PER_GEMM = 384
 
-CHAIN_OPS = ["mul", "add_param", "t_t", "view", "cast", "slice_cat"]
+CHAIN_OPS = ["mul", "add_param", "t_t", "permute", "view", "cast", "cast_half", "slice_cat"]
 CONSUMERS = ["linear", "addmm", "mm", "conv1d", "non_gemm"]
-SPLITS = ["none", "split", "split_with_sizes", "chunk", "unbind"]
+SPLITS = ["none", "split", "split_with_sizes", "chunk", "unbind", "projection"]
 
 
 class Generated(nn.Module):
@@ -34,8 +36,9 @@ class Generated(nn.Module):
         parts, n, k = spec["parts"], spec["n"], spec["k"]
         shape = (parts, n, k) if spec["split"] == "unbind" else (parts * n, k)
         self.packed = nn.Parameter(torch.randn(shape))
-        self.other = nn.Parameter(torch.randn(n, k))
-        self.bias = nn.Parameter(torch.randn(n))
+        projection = spec["split"] == "projection"
+        self.other = nn.Parameter(torch.randn(parts * n if projection else n, k))
+        self.bias = nn.Parameter(torch.randn(parts * n if projection else n))
 
     def _parts(self):
         split, parts, n = self.spec["split"], self.spec["parts"], self.spec["n"]
@@ -57,15 +60,34 @@ class Generated(nn.Module):
                 w = w + self.other
             elif op == "t_t":
                 w = w.t().t()
+            elif op == "permute":
+                w = w.permute(1, 0).contiguous().permute(1, 0)
             elif op == "view":
                 w = w.reshape(-1).view(w.shape)
             elif op == "cast":
                 w = w.double().float()
+            elif op == "cast_half":
+                w = w.half().float()
             elif op == "slice_cat":
                 w = torch.cat([w[:1], w[1:]])
         return w
 
+    def _projection(self, x):
+        # nn.MultiheadAttention's in-projection, as its forward writes it.
+        parts, n = self.spec["parts"], self.spec["n"]
+        whole = F.linear(x, self._chain(self.packed, self.spec["chains"][0]), self.bias)
+        cut = whole.unflatten(-1, (parts, n)).unsqueeze(0).transpose(0, -2).squeeze(-2)
+        cut = cut.contiguous()
+        outputs = [cut[i] for i in range(parts)]
+        if self.spec["portable_between"]:
+            outputs = [torch.cumsum(y, -1) for y in outputs]
+        if self.spec["consumers"][0] == "non_gemm":   # used whole too: must stay packed
+            outputs.append(whole * 2)
+        return tuple(outputs)
+
     def forward(self, x):
+        if self.spec["split"] == "projection":
+            return self._projection(x)
         outputs = []
         for w, ops, consumer in zip(self._parts(), self.spec["chains"], self.spec["consumers"]):
             w = self._chain(w, ops)
@@ -120,7 +142,7 @@ def check_spec(spec):
         assert folded.pte_bytes <= stock.pte_bytes + slack
 
 
-PROFILE = settings(max_examples=int(os.environ.get("XNNFOLD_EXAMPLES", "25")), deadline=None,
+PROFILE = settings(max_examples=int(os.environ.get("XNNFOLD_EXAMPLES", "100")), deadline=None,
                    derandomize=os.environ.get("XNNFOLD_FUZZ") is None, print_blob=True,
                    suppress_health_check=list(HealthCheck))
 
