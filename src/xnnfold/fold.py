@@ -47,7 +47,21 @@ class Folded:
 def copy_program(ep: ExportedProgram) -> ExportedProgram:
     """A deep copy of ``ep`` whose graph and signature are new but whose tensors are shared."""
     memo = {id(t): t for t in list(ep.state_dict.values()) + list(ep.constants.values())}
-    return copy.deepcopy(ep, memo)
+    copied = copy.deepcopy(ep, memo)
+    # fx renames a node named after a Python builtin when it copies a graph (``input`` becomes
+    # ``input_1``, the argument name of nn.Linear's and nn.Conv's forward), but the signature
+    # keeps the old name, and the copy no longer knows which placeholder is a user input. Give
+    # the nodes back their names, as torch.export itself assigns them.
+    renamed = False
+    for original, node in zip(ep.graph.nodes, copied.graph.nodes):
+        if node.name != original.name:
+            node.name = original.name
+            if node.op == "placeholder":
+                node.target = original.target
+            renamed = True
+    if renamed:
+        copied.graph_module.recompile()
+    return copied
 
 
 def _constant_name(source: str, graph: torch.fx.Graph) -> str:
