@@ -21,7 +21,7 @@ DELEGATE_BYTES_PER_CONSTANT = 16
 
 @dataclass
 class Checked:
-    stock: Lowered
+    stock: Optional[Lowered]          # None where stock cannot lower the program
     folded: Lowered
     stock_diff: float
     folded_diff: float
@@ -53,11 +53,15 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     stores a conv weight in more bytes than the portable program does, and a delegate where
     stock has none costs a call). ``stock_run``: "compare" (default) runs the stock .pte too;
     "raises" expects it to fail to run (XNNPACK rejects it at init); "skip" does not run it
-    (it aborts the process, which no test can catch). ``compare_counts=False`` leaves the
+    (it aborts the process, which no test can catch); "fails_to_lower" expects stock's lowering
+    itself to raise (an op outside the Core ATen opset that xnnfold folds away): only the xnnfold
+    .pte is run and compared, and ``stock`` is None. ``compare_counts=False`` leaves the
     byte and count comparisons to the caller (the property test states its own).
     """
     if ep is None:
         ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+    if stock_run == "fails_to_lower":
+        return _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs)
     stock = lower(ep, STOCK, partitioner_kwargs)
     folded = lower(ep, XNNFOLD, partitioner_kwargs)
     diffs = {STOCK: 0.0, XNNFOLD: 0.0}
@@ -91,6 +95,17 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     assert folded.delegate_calls <= max_calls, (folded.delegate_calls, stock.delegate_calls)
     assert len(folded.gemms_outside) <= len(stock.gemms_outside)
     return Checked(stock, folded, diffs[STOCK], diffs[XNNFOLD], ideal_lowered)
+
+
+def _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs) -> Checked:
+    with pytest.raises(Exception):
+        lower(ep, STOCK, partitioner_kwargs)
+    folded = lower(ep, XNNFOLD, partitioner_kwargs)
+    assert folded.fold is not None and folded.fold.fallback is None, folded.fold.fallback
+    with torch.no_grad():
+        diff = max_abs_diff(run_pte(folded.pte, inputs), model(*inputs))
+    assert diff <= tol, f"xnnfold .pte differs from eager by {diff}"
+    return Checked(None, folded, float("nan"), diff)
 
 
 def assert_all_delegated(checked: Checked, packed_shapes=(), part_shapes=()) -> None:

@@ -175,12 +175,17 @@ def is_dequantize(node: torch.fx.Node) -> bool:
 
 
 def find_operands(ep: ExportedProgram, facts: Optional[ProgramFacts] = None) -> list:
-    """Every GEMM weight and bias, classified as plain, dynamic or a fold target."""
+    """Every GEMM weight and bias, classified as plain, dynamic or a fold target.
+
+    A GEMM whose inputs are all static (LoRA's ``B @ A``, the ``matmul`` inside
+    parametrizations.orthogonal) is not one: it is a step of a static computation, folded with
+    the cone of the operand it feeds, or left as stock leaves it.
+    """
     facts = facts or find_static(ep)
     operands = []
     for node in ep.graph.nodes:
         spec = gemm_spec(node)
-        if spec is None:
+        if spec is None or node.name in facts.static:
             continue
         for role, arg in operand_roles(node):
             operands.append(_classify(node, spec.kind, role, arg, facts))
