@@ -153,3 +153,41 @@ def test_weight_larger_than_its_params_is_declined(make):
     checked = check_lowering(make().eval(), (torch.randn(2, 64),), tol=1e-4)
     assert [(o.status, o.rule) for o in checked.fold.operands] == [("declined", "size")]
     assert checked.folded.pte_bytes == checked.stock.pte_bytes
+
+
+class LearnedMemoryAttention(nn.Module):
+    """Cross-attention over a learned memory: the k/v projections have only static inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(E, 2)
+        nn.init.normal_(self.mha.in_proj_bias)
+        self.memory = nn.Parameter(torch.randn(7, 1, E))
+
+    def forward(self, query):
+        return self.mha(query, self.memory, self.memory, need_weights=False)[0]
+
+
+class LearnedPositionProjection(nn.Module):
+    """A weight-normed linear applied to a learned position table, added to the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.positions = nn.Parameter(torch.randn(5, E))
+        self.project = parametrizations.weight_norm(nn.Linear(E, E))
+
+    def forward(self, x):
+        return x + self.project(self.positions)
+
+
+@pytest.mark.parametrize("make,shape", [(LearnedMemoryAttention, (5, 1, E)),
+                                        (LearnedPositionProjection, (5, E))],
+                         ids=["learned memory", "position table"])
+def test_gemm_with_only_static_inputs_is_still_a_gemm(make, shape):
+    # Static GEMMs are skipped only inside another operand's computation (LoRA's B @ A); these
+    # feed the rest of the model and must be folded and delegated like any other.
+    torch.manual_seed(0)
+    checked = check_lowering(make().eval(), (torch.randn(shape),))
+    assert len(checked.stock.gemms_outside) >= 1
+    assert "folded" in checked.statuses()
+    assert_all_delegated(checked)

@@ -1,5 +1,6 @@
 """Property test over generated programs: a packed param, a multi-output op (or none), random
-single-output chains per part, and GEMM or non-GEMM consumers. One more mode, "projection",
+single-output chains per part, and GEMM consumers (one of them over a learned table, so with
+only static inputs) or non-GEMM ones. One more mode, "projection",
 builds MHA's packed projection: one linear over the (chained) packed weight whose output is cut
 into parts by MHA's layout chain (sometimes also used whole, which must keep it packed).
 
@@ -25,7 +26,7 @@ from conftest import DELEGATE_BYTES_PER_CONSTANT, check_lowering
 DELEGATE_BYTES_PER_GEMM = 384
 
 CHAIN_OPS = ["mul", "add_param", "t_t", "permute", "view", "cast", "cast_half", "slice_cat"]
-CONSUMERS = ["linear", "addmm", "mm", "conv1d", "non_gemm"]
+CONSUMERS = ["linear", "addmm", "mm", "conv1d", "static_linear", "non_gemm"]
 SPLITS = ["none", "split", "split_with_sizes", "chunk", "unbind", "projection"]
 
 
@@ -39,6 +40,7 @@ class Generated(nn.Module):
         projection = spec["split"] == "projection"
         self.other = nn.Parameter(torch.randn(parts * n if projection else n, k))
         self.bias = nn.Parameter(torch.randn(parts * n if projection else n))
+        self.table = nn.Parameter(torch.randn(3, k))    # a learned table: a GEMM of static inputs
 
     def _parts(self):
         split, parts, n = self.spec["split"], self.spec["parts"], self.spec["n"]
@@ -99,6 +101,10 @@ class Generated(nn.Module):
                 y = x @ w.t()
             elif consumer == "conv1d":
                 y = F.conv1d(x.t().unsqueeze(0), w.unsqueeze(-1)).squeeze(0).t()
+            elif consumer == "static_linear":
+                # No bias: a param shared by GEMMs in two delegates is stored once per delegate
+                # (XNNPACK copies its constants), as stock does with plain params.
+                y = x[:, :1] * F.linear(self.table, w).sum(0)
             else:
                 y = x[:, :1] * w.sum()
             if self.spec["portable_between"]:

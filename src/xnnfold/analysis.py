@@ -177,19 +177,25 @@ def is_dequantize(node: torch.fx.Node) -> bool:
 def find_operands(ep: ExportedProgram, facts: Optional[ProgramFacts] = None) -> list:
     """Every GEMM weight and bias, classified as plain, dynamic or a fold target.
 
-    A GEMM whose inputs are all static (LoRA's ``B @ A``, the ``matmul`` inside
-    parametrizations.orthogonal) is not one: it is a step of a static computation, folded with
-    the cone of the operand it feeds, or left as stock leaves it.
+    A GEMM whose inputs are all static and which lies in the cone of another GEMM's fold target
+    (LoRA's ``B @ A``, the ``matmul`` inside parametrizations.orthogonal) is not listed: it is
+    a step of that computation and is folded with it. Any other GEMM is, a static one included
+    (a linear over a learned position table or memory).
     """
     facts = facts or find_static(ep)
-    operands = []
-    for node in ep.graph.nodes:
-        spec = gemm_spec(node)
-        if spec is None or node.name in facts.static:
-            continue
-        for role, arg in operand_roles(node):
-            operands.append(_classify(node, spec.kind, role, arg, facts))
-    return operands
+    gemms = [(node, gemm_spec(node)) for node in ep.graph.nodes if gemm_spec(node) is not None]
+    classified = {}
+    for node, spec in gemms:
+        if node.name not in facts.static:
+            classified[node] = [_classify(node, spec.kind, role, arg, facts)
+                                for role, arg in operand_roles(node)]
+    inner = {n.name for operands in classified.values() for o in operands if o.target
+             for n in o.target.cone}
+    for node, spec in gemms:
+        if node.name in facts.static and node.name not in inner:
+            classified[node] = [_classify(node, spec.kind, role, arg, facts)
+                                for role, arg in operand_roles(node)]
+    return [o for node, _ in gemms for o in classified.get(node, [])]
 
 
 def _classify(gemm, kind, role, arg, facts) -> Operand:

@@ -56,8 +56,6 @@ def copy_program(ep: ExportedProgram) -> ExportedProgram:
     for original, node in zip(ep.graph.nodes, copied.graph.nodes):
         if node.name != original.name:
             node.name = original.name
-            if node.op == "placeholder":
-                node.target = original.target
             renamed = True
     if renamed:
         copied.graph_module.recompile()

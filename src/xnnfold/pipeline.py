@@ -87,17 +87,21 @@ def _describe(operands: list, groups: list, constants: dict) -> list:
     return described
 
 
-def unfolded_part(site, rows: dict) -> Optional[GemmOperand]:
-    """The first weight or bias of ``site``'s part linears that was not folded, or None.
+def unfolded_part(site, rows: dict) -> Optional[str]:
+    """Why one of ``site``'s part linears is not folded, or None when all of them are.
 
     A split is kept only when every part is folded (and so delegated): otherwise the row
-    blocks of the param would stay on portable, next to linears stock never had.
+    blocks of the param would stay on portable, next to linears stock never had. A part with no
+    weight row at all (analysis did not take it for a GEMM) is not folded either.
     """
     for part in site.part_linears.values():
+        if (part, "weight") not in rows:
+            return f"{part} has no weight operand to fold"
         for role in ("weight", "bias"):
             row = rows.get((part, role))
             if row is not None and row.status != "folded":
-                return row
+                return f"{row.gemm}.{row.role} was {row.status}" + (
+                    f" by rule '{row.rule}' ({row.reason})" if row.rule else "")
     return None
 
 
@@ -116,10 +120,9 @@ def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
         rows = {(row.gemm, row.role): row for row in result.operands}
         newly_kept = []
         for site in sites:
-            row = unfolded_part(site, rows)
-            if row is not None:
-                site.kept_because = f"{row.gemm}.{row.role} was {row.status}" + (
-                    f" by rule '{row.rule}' ({row.reason})" if row.rule else "")
+            reason = unfolded_part(site, rows)
+            if reason is not None:
+                site.kept_because = reason
                 newly_kept.append(site)
         if not newly_kept:
             break
