@@ -11,6 +11,8 @@ is no larger than stock's but for XNNPACK's fixed per-GEMM and per-constant over
 """
 
 import os
+import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -157,3 +159,18 @@ PROFILE = settings(max_examples=int(os.environ.get("XNNFOLD_EXAMPLES", "100")), 
 @given(specs())
 def test_generated_programs(spec):
     check_spec(spec)
+    _show_progress()
+
+
+_progress = {"examples": 0, "start": time.monotonic()}
+
+
+def _show_progress(every: int = 25) -> None:
+    # make fuzz runs for an hour or more (and with -s): say how far it is.
+    if os.environ.get("XNNFOLD_FUZZ") is None:
+        return
+    _progress["examples"] += 1
+    if _progress["examples"] % every == 0:
+        minutes = (time.monotonic() - _progress["start"]) / 60
+        print(f"[fuzz] {_progress['examples']} examples passed, {minutes:.1f} min",
+              file=sys.stderr, flush=True)
