@@ -18,9 +18,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m xnnfold report --size small --out out/report
 
-# Two workers, one test file each at a time: a module's lowerings are shared by its tests.
+# Two workers (pytest-xdist), tests handed out one by one; module fixtures only export.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=5 tests
+	$(PY) -m pytest -q -n 2 --dist load --durations=5 tests
 
 # The property test's long profile: random (not derandomized), 1,000 examples by default,
 # a progress line every 25 examples (about 2 min).
