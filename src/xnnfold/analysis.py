@@ -179,8 +179,8 @@ def find_operands(ep: ExportedProgram, facts: Optional[ProgramFacts] = None) -> 
 
     A GEMM whose inputs are all static and which lies in the cone of another GEMM's fold target
     (LoRA's ``B @ A``, the ``matmul`` inside parametrizations.orthogonal) is not listed: it is
-    a step of that computation and is folded with it. Any other GEMM is, a static one included
-    (a linear over a learned position table or memory).
+    a step of that computation, folded with it or, where that fold is declined, left with it.
+    Any other GEMM is listed, a static one included (a linear over a learned memory).
     """
     facts = facts or find_static(ep)
     gemms = [(node, gemm_spec(node)) for node in ep.graph.nodes if gemm_spec(node) is not None]
