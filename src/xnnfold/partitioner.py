@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 
 from . import pipeline
 from .probe import delegated_placeholders
+from .runtime_weight import open_runtime_weight_path
 
 
 def _check_program(ep) -> None:
@@ -47,10 +48,13 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
 
     Same constructor. Use it with ``to_edge_transform_and_lower``; after a lowering,
     ``last_result`` holds the :class:`~xnnfold.pipeline.FoldResult` of the last program.
+    Its linear configs also take the GEMMs the fold marks (a weight that cannot be a
+    constant) with their weight as a run-time input; see :mod:`xnnfold.runtime_weight`.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        open_runtime_weight_path(self)
         self.last_result: Optional[pipeline.FoldResult] = None
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram
