@@ -164,7 +164,8 @@ def test_transposed_forms_become_linear_except_a_scaled_addmm():
 
 
 class TiedHead(nn.Module):
-    """A token lookup and an output head that share one table: ``x @ embedding.weight.t()``."""
+    """A token lookup and an output head that share one table, as a speech decoder writes it:
+    ``x @ torch.transpose(embedding.weight.to(x.dtype), 0, 1)``."""
 
     def __init__(self, vocab=300):
         super().__init__()
@@ -172,7 +173,8 @@ class TiedHead(nn.Module):
         self.mix = nn.Linear(E, E)
 
     def forward(self, tokens):
-        return torch.relu(self.mix(self.embedding(tokens))) @ self.embedding.weight.t()
+        x = torch.relu(self.mix(self.embedding(tokens)))
+        return x @ torch.transpose(self.embedding.weight.to(x.dtype), 0, 1)
 
 
 def _tied_head():

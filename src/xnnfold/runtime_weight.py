@@ -23,7 +23,7 @@ import torch
 import torch.fx
 from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 
-from .analysis import is_dequantize
+from .analysis import is_dequantize, is_metadata_assertion, removed_by_decomposition
 from .fold import copy_program
 
 aten = torch.ops.aten
@@ -86,12 +86,15 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list, canonical: set) -> Op
     declined = [r for r in rows if r.status == "declined" and r.rule in _RUNTIME_RULES]
     if declined:
         return f"its {declined[0].role} is declined by rule '{declined[0].rule}'"
-    others = [u for u in weight.users if u.target is not torch.ops.aten.linear.default
-              or len(u.args) < 2 or u.args[1] is not weight]
-    if gemm.name in canonical and weight.op == "placeholder" and others:
+    # The param behind no-op casts (``W.to(x.dtype)``), which decomposition removes.
+    chain = removed_by_decomposition(weight) or []
+    param = chain[0].args[0] if chain else weight
+    others = [u for u in param.users if u not in chain and not is_metadata_assertion(u) and (
+        u.target is not aten.linear.default or len(u.args) < 2 or u.args[1] is not param)]
+    if gemm.name in canonical and param.op == "placeholder" and others:
         # A param also read by a non-GEMM op (a tied embedding's lookup): as a delegate
         # constant it would be stored twice, once in the delegate and once for that op.
-        return f"{weight.name} is also read by {others[0].name}"
+        return f"{param.name} is also read by {others[0].name}"
     return None
 
 
