@@ -74,7 +74,7 @@ def _fp32_matrix(node) -> bool:
         all(isinstance(s, int) for s in val.shape) and not is_dequantize(node)
 
 
-def _needs_runtime_weight(gemm: torch.fx.Node, rows: list, canonical: set) -> Optional[str]:
+def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
     """Why ``gemm`` should take its weight at run time, or None."""
     if gemm.target is not torch.ops.aten.linear.default or len(gemm.args) < 2:
         return None
@@ -91,9 +91,11 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list, canonical: set) -> Op
     param = chain[0].args[0] if chain else weight
     others = [u for u in param.users if u not in chain and not is_metadata_assertion(u) and (
         u.target is not aten.linear.default or len(u.args) < 2 or u.args[1] is not param)]
-    if gemm.name in canonical and param.op == "placeholder" and others:
+    if param.op == "placeholder" and others:
         # A param also read by a non-GEMM op (a tied embedding's lookup): as a delegate
-        # constant it would be stored twice, once in the delegate and once for that op.
+        # constant it is stored twice, once in the delegate and once for that op. Stock does
+        # that for a plain ``nn.Linear`` head tied to its embedding (GPT-2, T5, BART: a
+        # quarter of the .pte); stock's flag does not, but repacks every weight.
         return f"{param.name} is also read by {others[0].name}"
     return None
 
@@ -151,10 +153,9 @@ def mark_runtime_weights(ep, result):
     by_gemm: dict = {}
     for row in result.operands:
         by_gemm.setdefault(row.gemm, []).append(row)
-    canonical = {r.gemm for r in result.canonical}
     nodes = {n.name: n for n in result.program.graph.nodes}
     marked = {name: why for name, rows in by_gemm.items() if name in nodes
-              and (why := _needs_runtime_weight(nodes[name], rows, canonical)) is not None}
+              and (why := _needs_runtime_weight(nodes[name], rows)) is not None}
     if not marked:
         return result
     if result.program is ep:
