@@ -191,6 +191,28 @@ def test_tied_head_is_delegated_with_a_runtime_weight():
     _tied_head()
 
 
+class TiedLinearHead(TiedHead):
+    """The same head as a plain ``nn.Linear`` sharing the table (GPT-2, T5, BART): stock
+    delegates it with the table as a constant, so its .pte stores the table twice."""
+
+    def __init__(self, vocab=300):
+        super().__init__(vocab)
+        self.head = nn.Linear(E, vocab, bias=False)
+        self.head.weight = self.embedding.weight
+
+    def forward(self, tokens):
+        return self.head(torch.relu(self.mix(self.embedding(tokens))))
+
+
+def test_tied_linear_head_stores_its_table_once():
+    torch.manual_seed(0)
+    checked = check_lowering(TiedLinearHead().eval(), (torch.tensor([[1, 7, 42, 299]]),))
+    table = 300 * E * 4
+    assert checked.stock.constant_bytes - checked.folded.constant_bytes == table
+    assert checked.folded.pte_bytes < checked.stock.pte_bytes - table
+    assert_all_delegated(checked)
+
+
 def test_runtime_weight_is_load_bearing(monkeypatch):
     # As a constant the table would be stored twice: in the delegate and for the lookup.
     monkeypatch.setattr(runtime_weight, "_needs_runtime_weight", lambda *args: None)
