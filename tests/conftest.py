@@ -45,7 +45,8 @@ class Checked:
 def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=None,
                    run_inputs: Optional[list] = None, tol: float = 1e-5,
                    partitioner_kwargs: Optional[dict] = None, ideal=None,
-                   stock_run: str = "compare", compare_counts: bool = True) -> Checked:
+                   stock_run: str = "compare", compare_counts: bool = True,
+                   rules=None) -> Checked:
     """Export (unless ``ep`` is given), lower stock and xnnfold, run both on the runtime.
 
     Asserts what holds for *every* program: the xnnfold .pte matches eager within ``tol``, and
@@ -60,7 +61,8 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     (it aborts the process, which no test can catch); "fails_to_lower" expects stock's lowering
     itself to raise (an op outside the Core ATen opset that xnnfold folds away): only the xnnfold
     .pte is run and compared, and ``stock`` is None. ``compare_counts=False`` leaves the
-    byte and count comparisons to the caller (the property test states its own).
+    byte and count comparisons to the caller (the property test states its own). ``rules``:
+    the xnnfold.rules.RuleSet xnnfold lowers with (tests of a rule pass one without it).
     """
     if ep is None:
         ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
@@ -68,7 +70,8 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
         assert not (run_inputs or reference or ideal), "fails_to_lower checks the inputs only"
         return _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs)
     stock = lower(ep, STOCK, partitioner_kwargs)
-    folded = lower(ep, XNNFOLD, partitioner_kwargs)
+    folded = lower(ep, XNNFOLD, {**(partitioner_kwargs or {}),
+                                 **({"rules": rules} if rules is not None else {})})
     diffs = {STOCK: 0.0, XNNFOLD: 0.0}
     for args in [inputs] + list(run_inputs or []):
         with torch.no_grad():

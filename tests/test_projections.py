@@ -12,7 +12,7 @@ from torch import nn
 
 import xnnfold
 from conftest import LAYOUT_OPS, assert_all_delegated, assert_matches_ideal, check_lowering
-from xnnfold import models, pipeline
+from xnnfold import models, rules
 
 E = 16
 
@@ -135,7 +135,7 @@ def test_split_undone_when_parts_are_not_delegated(bf16_layout):
     """XNNPACK declines bf16 linears: the split would only add row blocks on portable."""
     checked = _check_bf16(bf16_layout)
     (site,) = checked.fold.projections
-    assert site.kept_because is not None and "delegated" in site.kept_because
+    assert site.kept_because is not None and "delegated" in site.kept_because.reason
     assert site.part_linears == {}
     assert checked.folded.pte == checked.stock.pte
     text = xnnfold.format_explanation(checked.fold.operands, projections=checked.fold.projections)
@@ -143,7 +143,7 @@ def test_split_undone_when_parts_are_not_delegated(bf16_layout):
 
 
 def test_undo_is_load_bearing(bf16_layout, monkeypatch):
-    monkeypatch.setattr(pipeline, "unfolded_part", lambda site, rows: None)
+    monkeypatch.setattr(rules, "split_kept", lambda site, rows: None)
     with pytest.raises(AssertionError):
         checked = _check_bf16(bf16_layout)
         assert checked.folded.pte == checked.stock.pte

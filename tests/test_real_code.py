@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold import analysis, canonical, fold, pipeline, plan, runtime_weight
+from xnnfold import analysis, canonical, fold, pipeline, rules, runtime_weight
+from xnnfold.rules import DEFAULT_RULES, Rule
 
 from conftest import assert_all_delegated, check_lowering
 
@@ -90,12 +91,12 @@ class RepeatedWeight(nn.Module):
 def test_no_growth_guard_catches_what_the_rules_miss(monkeypatch, xnnfold_log):
     """Without the size rule the fold would store the tiled weight; the guard declines it."""
     ep = torch.export.export(RepeatedWeight(), (torch.randn(3, E),))
-    monkeypatch.setattr(plan, "GROUP_RULES", [])
-    result = pipeline.run(ep, probe=None)
+    without_size = DEFAULT_RULES.without(Rule.SIZE)
+    result = pipeline.run(ep, probe=None, rule_set=without_size)
     assert result.program is ep and "more than the input" in result.fallback
     assert len(xnnfold_log.records) == 1
     monkeypatch.setattr(pipeline, "check_no_growth", lambda ep, result: None)
-    grown = pipeline.run(ep, probe=None)
+    grown = pipeline.run(ep, probe=None, rule_set=without_size)
     assert pipeline.stored_bytes(grown.program) > pipeline.stored_bytes(ep)
 
 
@@ -255,10 +256,11 @@ class Fp32AndBf16Parts(nn.Module):
         return F.linear(x, w1), F.linear(x16, w2.to(torch.bfloat16))
 
 
-def _partly_taken_group():
+def _partly_taken_group(rules=DEFAULT_RULES):
     torch.manual_seed(0)
     x = torch.randn(5, E)
-    checked = check_lowering(Fp32AndBf16Parts().eval(), (x, x.bfloat16()), tol=0.25)
+    checked = check_lowering(Fp32AndBf16Parts().eval(), (x, x.bfloat16()), tol=0.25,
+                             rules=rules)
     rows = {o.gemm: (o.status, o.delegated) for o in checked.fold.operands}
     assert rows == {"linear": ("folded", True), "linear_1": ("folded", False)}, rows
     assert checked.folded.splits_outside == []
@@ -270,9 +272,15 @@ def test_group_taken_in_part_is_folded_whole():
     _partly_taken_group()
 
 
-def test_group_taken_in_part_is_load_bearing(monkeypatch):
-    # The old rule: any member XNNPACK declines takes its whole group down.
-    monkeypatch.setattr(plan, "rule_delegated", lambda group: None if all(
-        m.delegated for m in group.members) else plan.Decline("delegated", "x", "old rule"))
+@rules._rule(Rule.DELEGATED)
+def _old_delegated(group, facts):
+    """The rule as it was: any member XNNPACK declines takes its whole group down."""
+    if all(m.delegated for m in group.to_fold):
+        return {}
+    return {m: rules.Decline(Rule.DELEGATED, m.name, "old rule") for m in group.to_fold}
+
+
+def test_group_taken_in_part_is_load_bearing():
+    old = rules.RuleSet(DEFAULT_RULES.before_probe, (_old_delegated, rules.whole_group))
     with pytest.raises(AssertionError, match="declined"):
-        _partly_taken_group()
+        _partly_taken_group(old)

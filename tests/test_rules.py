@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold import plan
+from xnnfold.rules import DEFAULT_RULES, Rule
 
 from conftest import assert_all_delegated, check_lowering
 
@@ -82,36 +82,37 @@ def _rows():
     return torch.randn(5, K)
 
 
-def part_also_used():
-    checked = check_lowering(PartAlsoUsedElsewhere(), (_rows(),))
+def part_also_used(rules=DEFAULT_RULES):
+    checked = check_lowering(PartAlsoUsedElsewhere(), (_rows(),), rules=rules)
     assert {(o.status, o.rule) for o in checked.fold.operands} == {("declined", "size")}
     # Not folded, but delegated with their weights as run-time inputs.
     assert all(o.runtime_weight for o in checked.fold.operands)
     assert checked.folded.gemms_outside == []
 
 
-def overlapping_parts():
-    checked = check_lowering(OverlappingParts(), (_rows(),))
+def overlapping_parts(rules=DEFAULT_RULES):
+    checked = check_lowering(OverlappingParts(), (_rows(),), rules=rules)
     assert {(o.status, o.rule) for o in checked.fold.operands} == {("declined", "size")}
 
 
-def group_taken_by_none():
+def group_taken_by_none(rules=DEFAULT_RULES):
     torch.manual_seed(0)
-    checked = check_lowering(Bf16Packed(), (torch.randn(5, K).bfloat16(),), tol=0.25)
+    checked = check_lowering(Bf16Packed(), (torch.randn(5, K).bfloat16(),), tol=0.25,
+                             rules=rules)
     assert len(checked.stock.gemms_outside) == 2, "XNNPACK was expected to decline bf16"
     assert {(o.status, o.rule) for o in checked.fold.operands} == {("declined", "delegated")}
     # What stays on portable stays exactly as stock leaves it.
     assert checked.folded.pte == checked.stock.pte, "delegated"
 
 
-def part_declined_by_another_rule():
-    checked = check_lowering(RandomInOnePart(), (_rows(),))
+def part_declined_by_another_rule(rules=DEFAULT_RULES):
+    checked = check_lowering(RandomInOnePart(), (_rows(),), rules=rules)
     rules = {o.gemm: o.rule for o in checked.fold.operands}
     assert rules == {"linear": "exact", "linear_1": "whole-group"}, rules
 
 
-def random_in_bias():
-    checked = check_lowering(RandomInBias(), (_rows(),))
+def random_in_bias(rules=DEFAULT_RULES):
+    checked = check_lowering(RandomInBias(), (_rows(),), rules=rules)
     bias = next(o for o in checked.fold.operands if o.role == "bias")
     assert (bias.status, bias.rule) == ("declined", "exact")
 
@@ -130,17 +131,6 @@ def test_negative_case(name):
     NEGATIVE_CASES[name]()
 
 
-def _without(monkeypatch, rule):
-    if rule == "size":
-        monkeypatch.setattr(plan, "GROUP_RULES", [])
-    elif rule == "exact":
-        monkeypatch.setattr(plan, "MEMBER_RULES", [])
-    elif rule == "whole-group":
-        monkeypatch.setattr(plan, "GROUP_CLOSURE", [])
-    elif rule == "delegated":
-        monkeypatch.setattr(plan, "rule_delegated", lambda *args: None)
-
-
 # What each negative case's failure says once its rule is gone. A fold that stores a param
 # twice is caught by the no-growth guard behind the rules (pipeline.check_no_growth), which
 # then sends the whole program back to stock: the rule is what keeps the rest of the fold.
@@ -148,18 +138,15 @@ STORED_TWICE = "more than the input"
 
 
 @pytest.mark.parametrize("rule,name,failure", [
-    ("size", "part used by a non-GEMM op", STORED_TWICE),
-    ("size", "parts larger than the param", STORED_TWICE),
-    # (Group.declined keeps the whole group unfolded; without the rule, explain says the
-    # other part was folded while it was not.)
-    ("whole-group", "part declined by another rule", "whole-group"),
-    ("delegated", "group XNNPACK takes none of", "delegated"),
-    ("exact", "random op in the cone", "exact")])
-def test_rule_is_load_bearing(monkeypatch, rule, name, failure):
+    (Rule.SIZE, "part used by a non-GEMM op", STORED_TWICE),
+    (Rule.SIZE, "parts larger than the param", STORED_TWICE),
+    (Rule.WHOLE_GROUP, "part declined by another rule", STORED_TWICE),
+    (Rule.DELEGATED, "group XNNPACK takes none of", "delegated"),
+    (Rule.EXACT, "random op in the cone", "exact")])
+def test_rule_is_load_bearing(rule, name, failure):
     """With ``rule`` removed, its negative case must fail, and for the reason the rule names."""
-    _without(monkeypatch, rule)
     with pytest.raises(AssertionError, match=failure):
-        NEGATIVE_CASES[name]()
+        NEGATIVE_CASES[name](DEFAULT_RULES.without(rule))
 
 
 # --------------------------------------------------------------------------------------------

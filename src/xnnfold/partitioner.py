@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 
 from . import pipeline
 from .probe import delegated_placeholders
+from .rules import DEFAULT_RULES, RuleSet
 from .runtime_weight import open_runtime_weight_path
 
 
@@ -29,18 +30,19 @@ def _check_program(ep) -> None:
 
 def fold_gemm_params(ep: ExportedProgram,
                      partitioner: Optional[StockXnnpackPartitioner] = None,
-                     ) -> pipeline.FoldResult:
+                     rules: RuleSet = DEFAULT_RULES) -> pipeline.FoldResult:
     """Fold the computed weights and biases of ``ep``'s GEMMs into constants.
 
     Returns a :class:`~xnnfold.pipeline.FoldResult`: ``.program`` is a new ExportedProgram
     (``ep`` is not modified) to lower with ``to_edge`` + ``to_backend`` or any other path, and
     ``.operands`` says, for every GEMM weight and bias, whether it was plain, folded or declined
     and why. ``partitioner`` is the XNNPACK partitioner whose verdict the *delegated* rule asks
-    (default: a stock ``XnnpackPartitioner()``); it is not changed.
+    (default: a stock ``XnnpackPartitioner()``); it is not changed. ``rules`` is the
+    :class:`~xnnfold.rules.RuleSet` to apply (tests pass one without a rule).
     """
     _check_program(ep)
     partitioner = partitioner if partitioner is not None else StockXnnpackPartitioner()
-    return pipeline.run(ep, lambda program: delegated_placeholders(program, partitioner))
+    return pipeline.run(ep, lambda program: delegated_placeholders(program, partitioner), rules)
 
 
 class XnnpackPartitioner(StockXnnpackPartitioner):
@@ -52,12 +54,13 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     constant) with their weight as a run-time input; see :mod:`xnnfold.runtime_weight`.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, rules: RuleSet = DEFAULT_RULES, **kwargs):
         super().__init__(*args, **kwargs)
         open_runtime_weight_path(self)
+        self.rules = rules
         self.last_result: Optional[pipeline.FoldResult] = None
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram
                                         ) -> ExportedProgram:
-        self.last_result = fold_gemm_params(exported_program, self)
+        self.last_result = fold_gemm_params(exported_program, self, self.rules)
         return self.last_result.program

@@ -1,4 +1,5 @@
-"""The whole pass: analysis -> plan -> fold -> probe, repeated until the probe agrees.
+"""The whole pass: canonical GEMMs -> projections -> analysis -> plan and rules -> fold ->
+probe, repeated until the probe agrees -> runtime weights.
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
 reason and returns the input program untouched, which lowers exactly as stock lowers it.
@@ -14,21 +15,20 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from . import plan
+from . import plan, rules
 from .analysis import find_operands, find_static
 from .canonical import canonicalize, rewritable
 from .runtime_weight import mark_runtime_weights
 from .errors import FoldError
 from .fold import apply_folds, copy_program
 from .projections import find_packed_projections, split_packed_projections
+from .rules import DEFAULT_RULES, Decline, Rule, RuleSet, Status
 
 logger = logging.getLogger("xnnfold")
 
 # A probe answers: which placeholders of this program end up in a delegate?
 Probe = Callable[[ExportedProgram], set]
 
-# The probe can only shrink the folded set, so this bounds a loop that ends in 1-2 rounds.
-_MAX_PROBE_ROUNDS = 4
 
 
 @dataclass
@@ -38,8 +38,8 @@ class GemmOperand:
     gemm: str
     kind: str
     role: str
-    status: str                       # "plain", "folded" or "declined"
-    rule: Optional[str] = None        # for declined: the rule
+    status: Status
+    rule: Optional[Rule] = None       # for declined: the rule
     node: Optional[str] = None        # for declined: the node that broke it
     reason: Optional[str] = None
     constant: Optional[str] = None    # for folded: the constant's name
@@ -64,11 +64,11 @@ class FoldResult:
 
     @property
     def folded(self) -> list:
-        return [o for o in self.operands if o.status == "folded"]
+        return [o for o in self.operands if o.status == Status.FOLDED]
 
     @property
     def declined(self) -> list:
-        return [o for o in self.operands if o.status == "declined"]
+        return [o for o in self.operands if o.status == Status.DECLINED]
 
     @property
     def split_projections(self) -> list:
@@ -76,53 +76,40 @@ class FoldResult:
         return [p for p in self.projections if p.kept_because is None]
 
 
+def _row(op, decline: Optional[Decline] = None, member=None,
+         constant: Optional[str] = None) -> GemmOperand:
+    """The one place an analysis :class:`~xnnfold.analysis.Operand` becomes a row."""
+    row = GemmOperand(op.gemm.name, op.kind, op.role, Status.PLAIN, reason=op.reason)
+    if decline is not None:
+        row.status, row.rule = Status.DECLINED, decline.rule
+        row.node, row.reason = decline.node, decline.reason
+    elif member is not None:
+        row.status, row.constant, row.delegated = Status.FOLDED, constant, member.delegated
+        if member.delegated is False:
+            row.reason = (f"XNNPACK does not take {op.gemm.name}; its part is folded with the "
+                          "rest of its group, which frees the packed param, and read on "
+                          "portable")
+    return row
+
+
 def _describe(operands: list, groups: list, constants: dict) -> list:
     members = {t.key: m for g in groups for m in g.members for t in m.targets}
-    described = []
+    rows = []
     for op in operands:
-        row = GemmOperand(op.gemm.name, op.kind, op.role, "plain", reason=op.reason)
         if op.status == "dynamic":
-            row.status, row.rule, row.node = "declined", "static", op.culprit
-            row.reason = f"computed from {op.culprit}, which {op.reason}"
+            rows.append(_row(op, rules.static(op.culprit, op.reason)))
         elif op.status == "target":
             member = members[op.target.key]
-            if member.decline is None:
-                row.status, row.constant = "folded", constants.get(member.name)
-                row.delegated = member.delegated
-                if member.delegated is False:
-                    row.reason = (f"XNNPACK does not take {op.gemm.name}; its part is folded "
-                                  "with the rest of its group, which frees the packed param, "
-                                  "and read on portable")
-            else:
-                row.status = "declined"
-                row.rule, row.node = member.decline.rule, member.decline.node
-                row.reason = member.decline.reason
-        described.append(row)
-    return described
+            rows.append(_row(op, member.decline, member, constants.get(member.name)))
+        else:
+            rows.append(_row(op))
+    return rows
 
 
-def unfolded_part(site, rows: dict) -> Optional[str]:
-    """Why one of ``site``'s part linears is not folded, or None when all of them are.
-
-    A split is kept only when every part is folded (and so delegated): otherwise the row
-    blocks of the param would stay on portable, next to linears stock never had. A part with no
-    weight row at all (analysis did not take it for a GEMM) is not folded either.
-    """
-    for part in site.part_linears.values():
-        if (part, "weight") not in rows:
-            return f"{part} has no weight operand to fold"
-        for role in ("weight", "bias"):
-            row = rows.get((part, role))
-            if row is not None and row.status != "folded":
-                return f"{row.gemm}.{row.role} was {row.status}" + (
-                    f" by rule '{row.rule}' ({row.reason})" if row.rule else "")
-            if row is not None and row.delegated is False:
-                return f"XNNPACK does not take {row.gemm}"
-    return None
-
-
-def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
-    """Split packed projections, then fold; undo each split whose parts were not all folded.
+def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet
+                    ) -> FoldResult:
+    """Canonicalize GEMMs, split packed projections, then fold; undo each split whose parts
+    were not all folded and delegated (rule *split*).
 
     Each site thus ends either fully split, folded and delegated, or exactly as it was.
     """
@@ -137,13 +124,12 @@ def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
         if sites:
             program = copy_program(base)
             split_packed_projections(program, sites)
-        result = _fold_program(program, probe)
+        result = _fold_and_probe(program, probe, rule_set)
         rows = {(row.gemm, row.role): row for row in result.operands}
         newly_kept = []
         for site in sites:
-            reason = unfolded_part(site, rows)
-            if reason is not None:
-                site.kept_because = reason
+            site.kept_because = rules.split_kept(site, rows)
+            if site.kept_because is not None:
                 newly_kept.append(site)
         if not newly_kept:
             break
@@ -156,25 +142,32 @@ def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
     return mark_runtime_weights(ep, result)
 
 
-def _fold_program(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
+def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet
+                    ) -> FoldResult:
+    """Plan and fold; ask the probe which GEMMs XNNPACK takes, and fold again without the
+    groups it takes none of, until the probe agrees."""
     facts = find_static(ep)
     operands = find_operands(ep, facts)
     targets = [op.target for op in operands if op.status == "target"]
     groups = plan.group_fold_nodes(plan.fold_nodes(targets))
-    plan.apply_static_rules(groups, facts)
+    rules.apply(groups, facts, rule_set.before_probe)
 
     folded, rounds = None, 0
-    while True:
-        members = [m for g in groups if not g.declined for m in g.members]
+    # Each round that changes anything declines at least one more group: this terminates.
+    for _ in range(len(groups) + 1):
+        members = [m for g in groups for m in g.to_fold]
         if not members:
             folded = None
             break
         folded = apply_folds(ep, facts, members)
-        if probe is None or rounds >= _MAX_PROBE_ROUNDS:
+        if probe is None:
             break
         rounds += 1
         constants = {c.source: c.name for c in folded.constants}
-        if not plan.apply_delegated_rule(groups, constants, probe(folded.program)):
+        taken = probe(folded.program)
+        for member in members:
+            member.delegated = constants[member.name] in taken
+        if not rules.apply(groups, facts, rule_set.after_probe):
             break
 
     constants = {c.source: c.name for c in folded.constants} if folded else {}
@@ -207,10 +200,11 @@ def check_no_growth(ep: ExportedProgram, result: FoldResult) -> None:
                                      f"params and constants, more than the input's {before:,}")
 
 
-def run(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
+def run(ep: ExportedProgram, probe: Optional[Probe],
+        rule_set: RuleSet = DEFAULT_RULES) -> FoldResult:
     """Fold what the rules allow; on any internal failure, warn once and return ``ep``."""
     try:
-        result = _fold_and_probe(ep, probe)
+        result = _split_and_fold(ep, probe, rule_set)
         check_no_growth(ep, result)
         return result
     except FoldError as error:
@@ -228,7 +222,6 @@ def _unfolded_rows(ep: ExportedProgram, where: str, why: str) -> list:
         operands = find_operands(ep)
     except Exception:  # noqa: BLE001 - the warning already names the failure
         return []
-    return [GemmOperand(o.gemm.name, o.kind, o.role, "plain") if o.status == "plain" else
-            GemmOperand(o.gemm.name, o.kind, o.role, "declined", "internal", where, why)
+    return [_row(o) if o.status == "plain" else _row(o, Decline(Rule.INTERNAL, where, why))
             for o in operands]
 

@@ -45,12 +45,12 @@ class PackedProjection:
     chain: list                  # names of the layout nodes, in graph order
     selects: dict                # part index -> name of the select node that takes it
     part_linears: dict = field(default_factory=dict)   # part index -> new linear's name
-    kept_because: Optional[str] = None   # set when the rewrite was undone
+    kept_because: Optional["Decline"] = None   # xnnfold.rules.Decline, when undone
 
     def describe(self) -> str:
         if self.kept_because is not None:
             return (f"{self.linear}: packed projection of {self.parts} parts kept as is: "
-                    f"{self.kept_because}")
+                    f"{self.kept_because.reason}")
         taken = ", ".join(f"{self.part_linears.get(i, '?')} (rows {i * self.width}:"
                           f"{(i + 1) * self.width})" for i in sorted(self.selects))
         return f"{self.linear}: packed projection of {self.parts} parts split into {taken}"
