@@ -126,7 +126,7 @@ def find_static(ep: ExportedProgram) -> ProgramFacts:
             continue
         if node.op != "call_function":
             continue
-        culprit = next((i for i in node.all_input_nodes if i.name not in facts.static), None)
+        culprit = next((i for i in data_inputs(node) if i.name not in facts.static), None)
         if culprit is not None:
             facts.why_not_static[node.name] = facts.why_not_static.get(
                 culprit.name, (culprit.name, "is not static"))
@@ -149,6 +149,14 @@ def _flat_args(node: torch.fx.Node) -> list:
     return [a for a in flat if not isinstance(a, torch.fx.Node)]
 
 
+def data_inputs(node: torch.fx.Node) -> list:
+    """The inputs whose *values* ``node`` reads. An identity op (``w.type_as(x)``) reads only
+    its first: of the others it takes a dtype, which the graph fixes."""
+    if node.op == "call_function" and len(node.all_input_nodes) > 1 and is_identity(node):
+        return [node.args[0]]
+    return node.all_input_nodes
+
+
 def cone_of(node: torch.fx.Node, facts: ProgramFacts) -> list:
     """The static call_function nodes ``node`` is computed from (itself included)."""
     seen, stack = set(), [node]
@@ -157,7 +165,7 @@ def cone_of(node: torch.fx.Node, facts: ProgramFacts) -> list:
         if current.name in seen or current.op != "call_function":
             continue
         seen.add(current.name)
-        stack.extend(current.all_input_nodes)
+        stack.extend(data_inputs(current))
     order = {n.name: i for i, n in enumerate(node.graph.nodes)}
     return sorted((facts.nodes[name] for name in seen), key=lambda n: order[n.name])
 
@@ -169,7 +177,7 @@ def is_metadata_assertion(node: torch.fx.Node) -> bool:
         node.target is torch.ops.aten._assert_tensor_metadata.default
 
 
-def _is_identity(node: torch.fx.Node) -> bool:
+def is_identity(node: torch.fx.Node) -> bool:
     """True if ``node``'s op, on its input, decomposes to that very input.
 
     Asked of the op's own CompositeImplicitAutograd kernel on a meta tensor of the input's
@@ -213,7 +221,7 @@ def removed_by_decomposition(node: torch.fx.Node) -> Optional[list]:
     param's value reaches the GEMM.
     """
     chain = []
-    while node.op == "call_function" and _is_identity(node):
+    while node.op == "call_function" and is_identity(node):
         chain.append(node)
         node = node.args[0]
     return list(reversed(chain)) if chain and node.op == "placeholder" else None

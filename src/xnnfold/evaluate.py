@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .analysis import ProgramFacts
+from .analysis import ProgramFacts, data_inputs, is_identity
 from .errors import at_node
 
 
@@ -26,7 +26,7 @@ class ConeEvaluator:
         pending = [node]
         while pending:  # iterative post-order: cones can be deep chains
             current = pending[-1]
-            missing = [i for i in current.all_input_nodes if i.name not in self._values]
+            missing = [i for i in data_inputs(current) if i.name not in self._values]
             if missing:
                 pending.extend(missing)
                 continue
@@ -36,6 +36,8 @@ class ConeEvaluator:
         return self._values[node.name]
 
     def _run(self, node: torch.fx.Node):
+        if len(node.all_input_nodes) > 1 and is_identity(node):
+            return self._values[node.args[0].name]   # its value is its first input's
         with at_node(node, "evaluating"), torch.no_grad():
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs),
                                                  lambda n: self._values[n.name])

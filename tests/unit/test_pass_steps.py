@@ -1,0 +1,262 @@
+"""Unit tests of the pass's steps on tiny exported graphs: no lowering, no runtime.
+
+Each step is asked directly (analysis, plan and rules, canonical GEMMs, runtime-weight marking
+and the operand swap, the no-growth guard, the whole pass with a fake probe), so that a broken
+rule fails here in milliseconds, before the integration tests lower anything.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xnnfold import analysis, canonical, pipeline, plan, projections, rules, runtime_weight
+from xnnfold.rules import DEFAULT_RULES, Rule, Status
+
+E = 8
+
+
+def export(module, *inputs):
+    return torch.export.export(module.eval(), inputs)
+
+
+def node(ep, name):
+    return next(n for n in ep.graph.nodes if n.name == name)
+
+
+def groups_of(ep):
+    facts = analysis.find_static(ep)
+    operands = analysis.find_operands(ep, facts)
+    targets = [o.target for o in operands if o.status == "target"]
+    return facts, plan.group_fold_nodes(plan.fold_nodes(targets))
+
+
+# --------------------------------------------------------------------------------------------
+# Analysis
+
+
+class Casts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(E, E))
+        self.bias = nn.Parameter(torch.randn(E))
+
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype), self.bias.type_as(x)), \
+            F.linear(x, self.weight.to(torch.float64).float(), self.bias.detach())
+
+
+def test_no_op_casts_are_plain_and_real_casts_are_targets():
+    ep = export(Casts(), torch.randn(2, E))
+    rows = {(o.gemm.name, o.role): o.status for o in analysis.find_operands(ep)}
+    # to(same dtype) and type_as decompose to the param itself; a round trip through fp64 is a
+    # real computation; detach has a kernel of its own (stock keeps an alias_copy), and reads
+    # only the value of type_as(bias, x), whose x counts for its dtype.
+    assert rows == {("linear", "weight"): "plain", ("linear", "bias"): "plain",
+                    ("linear_1", "weight"): "target", ("linear_1", "bias"): "target"}
+
+
+class FromInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(E, E))
+
+    def forward(self, x, w):
+        return F.linear(x, self.weight * w.sum())
+
+
+def test_operand_computed_from_an_input_is_dynamic_and_names_the_input():
+    ep = export(FromInput(), torch.randn(2, E), torch.randn(3))
+    (operand,) = analysis.find_operands(ep)
+    assert (operand.status, operand.culprit) == ("dynamic", "w")
+
+
+# --------------------------------------------------------------------------------------------
+# Plan and rules
+
+
+class Split(nn.Module):
+    """Two parts of a packed weight; ``use`` picks what else reads them."""
+
+    def __init__(self, use="none"):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2 * E, E))
+        self.use = use
+
+    def forward(self, x):
+        w1, w2 = self.weight.split(E)
+        if self.use == "random":
+            w1 = w1 + torch.rand(E, E) * 0.0
+        out = F.linear(x, w1) + F.linear(x, w2)
+        return out * w1.sum() if self.use == "sum" else out
+
+
+def declines(ep, rule_set=DEFAULT_RULES.before_probe):
+    facts, groups = groups_of(ep)
+    rules.apply(groups, facts, rule_set)
+    return {m.targets[0].gemm.name: (m.decline.rule if m.decline else None)
+            for g in groups for m in g.members}
+
+
+def test_parts_of_one_split_are_one_group():
+    _, groups = groups_of(export(Split(), torch.randn(2, E)))
+    assert [len(g.members) for g in groups] == [2]
+
+
+def test_rule_size_declines_a_part_also_read_elsewhere():
+    ep = export(Split("sum"), torch.randn(2, E))
+    assert declines(ep) == {"linear": Rule.SIZE, "linear_1": Rule.SIZE}
+    assert declines(ep, DEFAULT_RULES.without(Rule.SIZE).before_probe) == {
+        "linear": None, "linear_1": None}
+
+
+def test_rule_exact_and_whole_group():
+    ep = export(Split("random"), torch.randn(2, E))
+    assert declines(ep) == {"linear": Rule.EXACT, "linear_1": Rule.WHOLE_GROUP}
+    assert declines(ep, DEFAULT_RULES.without(Rule.WHOLE_GROUP).before_probe) == {
+        "linear": Rule.EXACT, "linear_1": None}
+    assert declines(ep, DEFAULT_RULES.without(Rule.EXACT).before_probe) == {
+        "linear": None, "linear_1": None}
+
+
+@pytest.mark.parametrize("taken,expected", [((True, False), None), ((False, False),
+                                                                     Rule.DELEGATED)])
+def test_rule_delegated_needs_one_gemm_of_the_group(taken, expected):
+    facts, groups = groups_of(export(Split(), torch.randn(2, E)))
+    for member, delegated in zip(groups[0].members, taken):
+        member.delegated = delegated
+    rules.apply(groups, facts, DEFAULT_RULES.after_probe)
+    assert {m.decline.rule if m.decline else None for m in groups[0].members} == {expected}
+
+
+def test_rule_set_without_drops_by_name():
+    reduced = DEFAULT_RULES.without(Rule.SIZE, Rule.DELEGATED)
+    assert [r.rule for r in reduced.before_probe] == [Rule.EXACT, Rule.WHOLE_GROUP]
+    assert [r.rule for r in reduced.after_probe] == [Rule.WHOLE_GROUP]
+
+
+# --------------------------------------------------------------------------------------------
+# Canonical GEMMs
+
+
+class Transposed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, E))
+        self.bias = nn.Parameter(torch.randn(4))
+        self.row_bias = nn.Parameter(torch.randn(2, 4))
+
+    def forward(self, x):
+        return (x @ self.weight.T, torch.addmm(self.bias, x, self.weight.t()),
+                torch.addmm(self.row_bias, x, self.weight.t()),     # a (2, 4) bias: not linear
+                torch.addmm(self.bias, x, self.weight.t(), alpha=2.0),
+                torch.mm(x, self.weight.t().contiguous()))          # not a transpose itself
+
+
+def test_canonicalize_rewrites_only_exact_linears_and_keeps_values():
+    ep = export(Transposed(), torch.randn(2, E))
+    x = torch.randn(2, E)
+    before = ep.module()(x)
+    program = pipeline.copy_program(ep)
+    rewrites = canonical.canonicalize(program, analysis.find_static(program).static)
+    assert [(r.gemm, r.was) for r in rewrites] == [("matmul", "aten.matmul.default"),
+                                                   ("addmm", "aten.addmm.default")]
+    assert node(program, "matmul").target is torch.ops.aten.linear.default
+    for expected, got in zip(before, program.module()(x)):
+        torch.testing.assert_close(got, expected)
+    assert str(ep.graph).count("linear") == 0, "the caller's program was rewritten"
+
+
+# --------------------------------------------------------------------------------------------
+# Runtime weights
+
+
+class TiedHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(50, E)
+        self.head = nn.Linear(E, 50, bias=False)
+        self.head.weight = self.embedding.weight
+
+    def forward(self, tokens):
+        return self.head(self.embedding(tokens))
+
+
+def test_tied_head_is_marked_and_swapped_and_keeps_its_values():
+    ep = export(TiedHead(), torch.tensor([[1, 2, 3]]))
+    result = pipeline.run(ep, probe=None)
+    head = node(result.program, "linear")
+    assert runtime_weight.is_marked(head) and not any(
+        runtime_weight.is_marked(n) for n in ep.graph.nodes), "the caller's program was marked"
+    # swapped: the table is the activation, the three token rows are the weight
+    assert head.args[0].op == "placeholder" and head.args[1].op != "placeholder"
+    tokens = torch.tensor([[4, 0, 49]])
+    torch.testing.assert_close(result.program.module()(tokens)[0], ep.module()(tokens)[0])
+    (row,) = [r for r in result.operands if r.role == "weight"]
+    assert row.runtime_weight and "swapped" in row.reason
+
+
+def test_untied_plain_linear_is_not_marked():
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(E, E)
+
+        def forward(self, x):
+            return self.layer(x)
+
+    ep = export(Plain(), torch.randn(2, E))
+    assert pipeline.run(ep, probe=None).program is ep
+
+
+# --------------------------------------------------------------------------------------------
+# The pass with a fake probe, and its guards
+
+
+def test_pass_with_a_probe_that_takes_nothing_folds_nothing():
+    ep = export(Split(), torch.randn(2, E))
+    result = pipeline.run(ep, probe=lambda program: set())
+    assert result.program is ep
+    assert {(r.status, r.rule) for r in result.operands} == {(Status.DECLINED, Rule.DELEGATED)}
+
+
+def test_pass_with_a_probe_that_takes_everything_frees_the_packed_param():
+    ep = export(Split(), torch.randn(2, E))
+    result = pipeline.run(ep, probe=lambda program: set(program.constants))
+    assert result.freed_params == ["weight"] and result.probe_rounds == 1
+    assert {r.status for r in result.operands} == {Status.FOLDED}
+
+
+def test_no_growth_guard():
+    ep = export(Split("sum"), torch.randn(2, E))
+    result = pipeline.run(ep, probe=None, rule_set=DEFAULT_RULES.without(Rule.SIZE))
+    assert result.program is ep and "more than the input" in result.fallback
+
+
+def test_projection_match_takes_mha_layout_only():
+    mha = nn.MultiheadAttention(E, 2, batch_first=True)
+
+    class Self(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    facts = analysis.find_static(export(Self(), torch.randn(1, 3, E)))
+    (site,) = projections.find_packed_projections(facts)
+    assert (site.parts, site.width, sorted(site.selects)) == (3, E, [0, 1, 2])
+
+
+def test_rule_split_undoes_a_projection_with_a_part_not_delegated():
+    site = projections.PackedProjection("linear", 2, E, [], {0: "s0", 1: "s1"},
+                                        part_linears={0: "part0", 1: "part1"})
+    rows = {(p, role): pipeline.GemmOperand(p, "linear", role, Status.FOLDED, delegated=True)
+            for p in ("part0", "part1") for role in ("weight", "bias")}
+    assert rules.split_kept(site, rows) is None
+    rows[("part1", "bias")].delegated = False
+    decline = rules.split_kept(site, rows)
+    assert (decline.rule, decline.node) == (Rule.SPLIT, "part1")
+    del rows[("part0", "weight")]
+    assert "no weight operand" in rules.split_kept(site, rows).reason
