@@ -146,6 +146,21 @@ def assert_matches_ideal(checked: Checked) -> None:
     assert not LAYOUT_OPS & set(folded.ops_outside), folded.ops_outside
 
 
+class Params(torch.nn.Module):
+    """A one-line test module: ``forward(*inputs)`` is ``body(params, *inputs)``, with a
+    random param of each given shape (a tuple, or ``(shape, dtype)``)."""
+
+    def __init__(self, body, **shapes):
+        super().__init__()
+        self.body = body
+        for name, shape in shapes.items():
+            shape, dtype = shape if isinstance(shape[-1], torch.dtype) else (shape, None)
+            self.register_parameter(name, torch.nn.Parameter(torch.randn(shape, dtype=dtype)))
+
+    def forward(self, *inputs):
+        return self.body(self, *inputs)
+
+
 @pytest.fixture
 def xnnfold_log(caplog):
     caplog.set_level(logging.WARNING, logger="xnnfold")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from conftest import assert_all_delegated, check_lowering
+from conftest import Params, assert_all_delegated, check_lowering
 
 E = 16
 
@@ -127,30 +127,18 @@ def test_attention_with_bias_kv_and_zero_attn():
     assert_all_delegated(checked)
 
 
-class RepeatedWeight(nn.Module):
-    """A 4x64 param tiled into a 256x64 weight: folding it would store 64 times the param."""
-
-    def __init__(self):
-        super().__init__()
-        self.tile = nn.Parameter(torch.randn(4, 64))
-
-    def forward(self, x):
-        return F.linear(x, self.tile.repeat(64, 1))
+# A 4x64 param tiled into a 256x64 weight (folding it would store 64 times the param), and
+# a 1x64 row expanded to 128 rows.
+LARGER_THAN_PARAMS = {
+    "repeat": lambda: Params(lambda p, x: F.linear(x, p.tile.repeat(64, 1)), tile=(4, 64)),
+    "expand": lambda: Params(lambda p, x: F.linear(x, p.row.expand(128, 64)), row=(1, 64)),
+}
 
 
-class ExpandedWeight(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.row = nn.Parameter(torch.randn(1, 64))
-
-    def forward(self, x):
-        return F.linear(x, self.row.expand(128, 64))
-
-
-@pytest.mark.parametrize("make", [RepeatedWeight, ExpandedWeight], ids=["repeat", "expand"])
-def test_weight_larger_than_its_params_is_declined(make):
+@pytest.mark.parametrize("how", LARGER_THAN_PARAMS)
+def test_weight_larger_than_its_params_is_declined(how):
     torch.manual_seed(0)
-    checked = check_lowering(make().eval(), (torch.randn(2, 64),), tol=1e-4)
+    checked = check_lowering(LARGER_THAN_PARAMS[how]().eval(), (torch.randn(2, 64),), tol=1e-4)
     assert [(o.status, o.rule, o.runtime_weight) for o in checked.fold.operands] == [
         ("declined", "size", True)]
     # Not folded: computed on every call as stock does, and handed to the delegate.

@@ -14,83 +14,36 @@ from torch import nn
 from xnnfold import analysis, canonical, fold, pipeline, rules, runtime_weight
 from xnnfold.rules import DEFAULT_RULES, Rule
 
-from conftest import assert_all_delegated, check_lowering
+from conftest import Params, assert_all_delegated, check_lowering
 
 E = 16
 
 
-class SameDtypeCasts(nn.Module):
-    """``F.linear(x, w.to(x.dtype), b.to(x.dtype))``: a mixed-precision idiom, a no-op in fp32."""
-
-    def __init__(self):
-        super().__init__()
-        self.first, self.second = nn.Linear(E, E), nn.Linear(E, E)
-
-    def forward(self, x):
-        for layer in (self.first, self.second):
-            x = F.linear(x, layer.weight.to(x.dtype), layer.bias.type_as(x))
+def same_dtype_casts():
+    """``F.linear(x, w.to(x.dtype), b.type_as(x))``: a mixed-precision idiom, a no-op in fp32."""
+    def body(p, x):
+        for weight, bias in ((p.w1, p.b1), (p.w2, p.b2)):
+            x = F.linear(x, weight.to(x.dtype), bias.type_as(x))
         return x
-
-
-def _same_dtype_casts():
-    checked = check_lowering(SameDtypeCasts().eval(), (torch.randn(3, E),))
+    checked = check_lowering(Params(body, w1=(E, E), b1=(E,), w2=(E, E), b2=(E,)).eval(),
+                             (torch.randn(3, E),))
     assert checked.statuses() == {"plain"}
     assert all("removed by decomposition" in o.reason for o in checked.fold.operands)
     assert checked.folded.pte == checked.stock.pte
-    return checked
 
 
-def test_same_dtype_casts_are_left_for_stock():
-    _same_dtype_casts()
-
-
-def test_same_dtype_casts_guard_is_load_bearing(monkeypatch):
-    monkeypatch.setattr(analysis, "removed_by_decomposition", lambda node: None)
-    with pytest.raises(AssertionError, match="plain"):
-        _same_dtype_casts()
-
-
-class CastThenScaled(nn.Module):
+def cast_then_scaled():
     """``w.to(x.dtype) * s``: the cast's ``_assert_tensor_metadata`` reads the *param*."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(E, E))
-
-    def forward(self, x):
-        return F.linear(x, self.weight.to(x.dtype) * 0.5)
-
-
-def _cast_then_scaled():
-    checked = check_lowering(CastThenScaled().eval(), (torch.randn(3, E),))
+    checked = check_lowering(Params(lambda p, x: F.linear(x, p.weight.to(x.dtype) * 0.5),
+                                    weight=(E, E)).eval(), (torch.randn(3, E),))
     assert checked.fold.freed_params == ["weight"], checked.fold.freed_params
     assert_all_delegated(checked)
-    return checked
-
-
-def test_metadata_assertion_on_a_param_goes_with_the_fold():
-    _cast_then_scaled()
-
-
-def test_metadata_assertion_fix_is_load_bearing(monkeypatch):
-    # Without it the param stays for its assertion: the no-growth guard sends us back to stock.
-    monkeypatch.setattr(fold, "is_metadata_assertion", lambda node: False)
-    with pytest.raises(AssertionError, match="more than the input"):
-        _cast_then_scaled()
-
-
-class RepeatedWeight(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tile = nn.Parameter(torch.randn(2, E))
-
-    def forward(self, x):
-        return F.linear(x, self.tile.repeat(8, 1))
 
 
 def test_no_growth_guard_catches_what_the_rules_miss(monkeypatch, xnnfold_log):
     """Without the size rule the fold would store the tiled weight; the guard declines it."""
-    ep = torch.export.export(RepeatedWeight(), (torch.randn(3, E),))
+    tiled = Params(lambda p, x: F.linear(x, p.tile.repeat(8, 1)), tile=(2, E))
+    ep = torch.export.export(tiled, (torch.randn(3, E),))
     without_size = DEFAULT_RULES.without(Rule.SIZE)
     result = pipeline.run(ep, probe=None, rule_set=without_size)
     assert result.program is ep and "more than the input" in result.fallback
@@ -118,25 +71,13 @@ class LinearAndTransposedAddmm(nn.Module):
                 torch.addmm(b1, x2, w1.t()) + torch.addmm(b2, x2, w2.t()))
 
 
-def _linear_and_addmm():
+def linear_and_transposed_addmm():
     torch.manual_seed(0)
     checked = check_lowering(LinearAndTransposedAddmm().eval(),
                              (torch.randn(3, E), torch.randn(3, E)))
     assert_all_delegated(checked, packed_shapes=[(2 * E, E), (2 * E,)], part_shapes=[(E, E)])
     assert len(checked.stock.gemms_outside) == 4
     assert [r.was for r in checked.fold.canonical] == ["aten.addmm.default"] * 2
-    return checked
-
-
-def test_one_constant_serves_linear_and_transposed_addmm():
-    _linear_and_addmm()
-
-
-def test_canonical_gemms_are_load_bearing(monkeypatch):
-    # Kept as addmm, each part would be folded twice (W and W.t()): the size rule declines.
-    monkeypatch.setattr(canonical, "linear_args", lambda node: None)
-    with pytest.raises(AssertionError, match="aten.addmm"):
-        _linear_and_addmm()
 
 
 class TransposedForms(nn.Module):
@@ -178,18 +119,13 @@ class TiedHead(nn.Module):
         return x @ torch.transpose(self.embedding.weight.to(x.dtype), 0, 1)
 
 
-def _tied_head():
+def tied_head():
     torch.manual_seed(0)
     checked = check_lowering(TiedHead().eval(), (torch.tensor([[1, 7, 42, 299]]),))
     assert checked.stock.gemms_outside, "stock was expected to leave the head on portable"
     assert_all_delegated(checked)
     (head,) = [o for o in checked.fold.operands if o.gemm == "matmul"]
     assert head.runtime_weight and "also read by embedding" in head.reason
-    return checked
-
-
-def test_tied_head_is_delegated_with_a_runtime_weight():
-    _tied_head()
 
 
 class TiedLinearHead(TiedHead):
@@ -214,25 +150,10 @@ def test_tied_linear_head_stores_its_table_once():
     assert_all_delegated(checked)
 
 
-def test_runtime_weight_is_load_bearing(monkeypatch):
-    # As a constant the table would be stored twice: in the delegate and for the lookup.
-    monkeypatch.setattr(runtime_weight, "_needs_runtime_weight", lambda *args: None)
-    with pytest.raises(AssertionError, match=r"^\(\d+, \d+\)"):
-        _tied_head()
-
-
-class WeightFromInput(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.scale = nn.Parameter(torch.randn(8, 1))
-
-    def forward(self, x, w):
-        return F.linear(x, w * self.scale)
-
-
 def test_weight_computed_from_an_input_is_delegated_with_a_runtime_weight():
     torch.manual_seed(0)
-    checked = check_lowering(WeightFromInput().eval(), (torch.randn(3, E), torch.randn(8, E)))
+    model = Params(lambda p, x, w: F.linear(x, w * p.scale), scale=(8, 1))
+    checked = check_lowering(model.eval(), (torch.randn(3, E), torch.randn(8, E)))
     assert len(checked.stock.gemms_outside) == 1
     assert_all_delegated(checked)
     assert [(o.status, o.rule, o.runtime_weight) for o in checked.fold.operands] == [
@@ -256,7 +177,7 @@ class Fp32AndBf16Parts(nn.Module):
         return F.linear(x, w1), F.linear(x16, w2.to(torch.bfloat16))
 
 
-def _partly_taken_group(rules=DEFAULT_RULES):
+def partly_taken_group(rules=DEFAULT_RULES):
     torch.manual_seed(0)
     x = torch.randn(5, E)
     checked = check_lowering(Fp32AndBf16Parts().eval(), (x, x.bfloat16()), tol=0.25,
@@ -265,11 +186,6 @@ def _partly_taken_group(rules=DEFAULT_RULES):
     assert rows == {"linear": ("folded", True), "linear_1": ("folded", False)}, rows
     assert checked.folded.splits_outside == []
     assert checked.folded.gemms_outside == ["aten.mm.default"]     # the bf16 one, on portable
-    return checked
-
-
-def test_group_taken_in_part_is_folded_whole():
-    _partly_taken_group()
 
 
 @rules._rule(Rule.DELEGATED)
@@ -280,7 +196,50 @@ def _old_delegated(group, facts):
     return {m: rules.Decline(Rule.DELEGATED, m.name, "old rule") for m in group.to_fold}
 
 
-def test_group_taken_in_part_is_load_bearing():
-    old = rules.RuleSet(DEFAULT_RULES.before_probe, (_old_delegated, rules.whole_group))
-    with pytest.raises(AssertionError, match="declined"):
-        _partly_taken_group(old)
+# --------------------------------------------------------------------------------------------
+# Each case, and each with the guard it relies on removed: it must then fail, for that reason.
+
+CASES = {
+    "same-dtype casts": same_dtype_casts,
+    "metadata assertion of a cast param": cast_then_scaled,
+    "linear and transposed addmm": linear_and_transposed_addmm,
+    "tied head": tied_head,
+    "group taken in part": partly_taken_group,
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_case(name):
+    CASES[name]()
+
+
+def _with_the_old_delegated_rule():
+    partly_taken_group(rules.RuleSet(DEFAULT_RULES.before_probe,
+                                     (_old_delegated, rules.whole_group)))
+
+
+# case, what to remove (module, attribute, replacement), or a variant to run, failure message
+GUARDS = [
+    ("same-dtype casts", (analysis, "removed_by_decomposition", lambda node: None), "plain"),
+    # without it the param stays for its assertion: the no-growth guard sends us to stock
+    ("metadata assertion of a cast param", (fold, "is_metadata_assertion", lambda node: False),
+     "more than the input"),
+    # kept as addmm, each part would be folded twice (W and W.t()): the size rule declines
+    ("linear and transposed addmm", (canonical, "linear_args", lambda node: None),
+     "aten.addmm"),
+    # as a constant the table would be stored twice: in the delegate and for the lookup
+    ("tied head", (runtime_weight, "_needs_runtime_weight", lambda *args: None),
+     r"^\(\d+, \d+\)"),
+    ("group taken in part", _with_the_old_delegated_rule, "declined"),
+]
+
+
+@pytest.mark.parametrize("name,remove,failure", GUARDS, ids=[g[0] for g in GUARDS])
+def test_guard_is_load_bearing(monkeypatch, name, remove, failure):
+    case = CASES[name]
+    if callable(remove):
+        case = remove
+    else:
+        monkeypatch.setattr(*remove)
+    with pytest.raises(AssertionError, match=failure):
+        case()

@@ -11,70 +11,45 @@ from torch import nn
 
 from xnnfold.rules import DEFAULT_RULES, Rule
 
-from conftest import assert_all_delegated, check_lowering
+from conftest import Params, assert_all_delegated, check_lowering
 
 K = 12
 
 
-class PartAlsoUsedElsewhere(nn.Module):
-    """A part of a split weight feeds its linear and also a non-GEMM op (a reduction)."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(32, K))
-        self.bias = nn.Parameter(torch.randn(32))
-
-    def forward(self, x):
-        w1, w2 = self.weight.split(16)
+# A part of a split weight feeds its linear and also a non-GEMM op (a reduction).
+def part_also_used_elsewhere():
+    def body(p, x):
+        w1, w2 = p.weight.split(16)
         return F.linear(x, w1) + F.linear(x, w2) * w1.sum(1)
+    return Params(body, weight=(32, K))
 
 
-class OverlappingParts(nn.Module):
-    """Two linears on overlapping row blocks: together 24 rows of a 16-row param."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(16, K))
-
-    def forward(self, x):
-        return F.linear(x, self.weight[:12]), F.linear(x, self.weight[4:])
+# Two linears on overlapping row blocks: together 24 rows of a 16-row param.
+def overlapping_parts_module():
+    return Params(lambda p, x: (F.linear(x, p.weight[:12]), F.linear(x, p.weight[4:])),
+                  weight=(16, K))
 
 
-class Bf16Packed(nn.Module):
-    """A packed bf16 weight and bias split between two linears: XNNPACK 1.5.1 takes neither."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(32, K, dtype=torch.bfloat16))
-        self.bias = nn.Parameter(torch.randn(32, dtype=torch.bfloat16))
-
-    def forward(self, x):
-        (w1, w2), (b1, b2) = self.weight.chunk(2), self.bias.chunk(2)
+# A packed bf16 weight and bias split between two linears: XNNPACK 1.5.1 takes neither.
+def bf16_packed():
+    def body(p, x):
+        (w1, w2), (b1, b2) = p.weight.chunk(2), p.bias.chunk(2)
         return F.linear(x, w1, b1) + F.linear(x, w2, b2)
+    return Params(body, weight=((32, K), torch.bfloat16), bias=((32,), torch.bfloat16))
 
 
-class RandomInOnePart(nn.Module):
-    """Two parts of a split weight; one goes through ``rand`` (not a fixed value to fold)."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(32, K))
-
-    def forward(self, x):
-        w1, w2 = self.weight.split(16)
+# Two parts of a split weight; one goes through ``rand`` (not a fixed value to fold).
+def random_in_one_part():
+    def body(p, x):
+        w1, w2 = p.weight.split(16)
         return F.linear(x, w1 + torch.rand(16, K) * 0.0), F.linear(x, w2)
+    return Params(body, weight=(32, K))
 
 
-class RandomInBias(nn.Module):
-    """A bias computed through ``rand``: no dynamic input, but not a fixed value to fold."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(16, K))
-        self.bias = nn.Parameter(torch.randn(16))
-
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias + torch.rand(16) * 0.0)
+# A bias computed through ``rand``: no dynamic input, but not a fixed value to fold.
+def random_in_bias_module():
+    return Params(lambda p, x: F.linear(x, p.weight, p.bias + torch.rand(16) * 0.0),
+                  weight=(16, K), bias=(16,))
 
 
 def _rows():
@@ -83,7 +58,7 @@ def _rows():
 
 
 def part_also_used(rules=DEFAULT_RULES):
-    checked = check_lowering(PartAlsoUsedElsewhere(), (_rows(),), rules=rules)
+    checked = check_lowering(part_also_used_elsewhere(), (_rows(),), rules=rules)
     assert {(o.status, o.rule) for o in checked.fold.operands} == {("declined", "size")}
     # Not folded, but delegated with their weights as run-time inputs.
     assert all(o.runtime_weight for o in checked.fold.operands)
@@ -91,13 +66,13 @@ def part_also_used(rules=DEFAULT_RULES):
 
 
 def overlapping_parts(rules=DEFAULT_RULES):
-    checked = check_lowering(OverlappingParts(), (_rows(),), rules=rules)
+    checked = check_lowering(overlapping_parts_module(), (_rows(),), rules=rules)
     assert {(o.status, o.rule) for o in checked.fold.operands} == {("declined", "size")}
 
 
 def group_taken_by_none(rules=DEFAULT_RULES):
     torch.manual_seed(0)
-    checked = check_lowering(Bf16Packed(), (torch.randn(5, K).bfloat16(),), tol=0.25,
+    checked = check_lowering(bf16_packed(), (torch.randn(5, K).bfloat16(),), tol=0.25,
                              rules=rules)
     assert len(checked.stock.gemms_outside) == 2, "XNNPACK was expected to decline bf16"
     assert {(o.status, o.rule) for o in checked.fold.operands} == {("declined", "delegated")}
@@ -106,13 +81,13 @@ def group_taken_by_none(rules=DEFAULT_RULES):
 
 
 def part_declined_by_another_rule(rules=DEFAULT_RULES):
-    checked = check_lowering(RandomInOnePart(), (_rows(),), rules=rules)
+    checked = check_lowering(random_in_one_part(), (_rows(),), rules=rules)
     rules = {o.gemm: o.rule for o in checked.fold.operands}
     assert rules == {"linear": "exact", "linear_1": "whole-group"}, rules
 
 
 def random_in_bias(rules=DEFAULT_RULES):
-    checked = check_lowering(RandomInBias(), (_rows(),), rules=rules)
+    checked = check_lowering(random_in_bias_module(), (_rows(),), rules=rules)
     bias = next(o for o in checked.fold.operands if o.role == "bias")
     assert (bias.status, bias.rule) == ("declined", "exact")
 
@@ -189,25 +164,19 @@ def test_portable_op_between_two_gemms_of_a_group():
     assert checked.folded.delegate_calls == 2
 
 
-class SevenDimBias(nn.Module):
+def seven_dim_bias():
     """A packed bias computed through a 7-dim view: more dims than XNNPACK supports (6)."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(2 * K, K))
-        self.bias = nn.Parameter(torch.randn(2 * K))
-
-    def forward(self, x):
-        bias = (self.bias.view(1, 1, 1, 1, 1, 2, K) * 2.0).reshape(-1)
-        w1, w2 = self.weight.chunk(2)
-        b1, b2 = bias.chunk(2)
+    def body(p, x):
+        bias = (p.bias.view(1, 1, 1, 1, 1, 2, K) * 2.0).reshape(-1)
+        (w1, w2), (b1, b2) = p.weight.chunk(2), bias.chunk(2)
         return F.linear(x, w1, b1), F.linear(x, w2, b2)
+    return Params(body, weight=(2 * K, K), bias=(2 * K,))
 
 
 def test_bias_computed_with_seven_dims():
     """Stock puts the 7-dim view in its delegate, which XNNPACK rejects at init (measured:
     "Failed to define tensor 0 ... xnn_status_unsupported_parameter"); folded, it runs."""
-    checked = check_lowering(SevenDimBias(), (_rows(),), stock_run="raises")
+    checked = check_lowering(seven_dim_bias(), (_rows(),), stock_run="raises")
     assert_all_delegated(checked, packed_shapes=[(2 * K,)], part_shapes=[(K,), (K, K)])
 
 
