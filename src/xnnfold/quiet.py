@@ -7,8 +7,8 @@ Three sources, three means:
   handler and resets the ``torch`` logger's level when ``torch._logging`` initializes, so torch
   is imported first and the levels set after, before torchao and executorch are imported.
 - The runtime's C++ log lines (``[cpuinfo_utils.cpp:71] ...``) are written to file descriptor 2
-  directly, past ``sys.stderr``: fd 2 is pointed at a pipe, and a thread copies what comes out
-  of it to the real stderr, dropping the lines that match :data:`NOISE`.
+  (through ``sys.stderr`` or past it): fd 2 is pointed at a pipe, and a thread copies what
+  comes out of it to the real stderr, dropping the lines that match :data:`NOISE`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ import warnings
 
 # Lines of dependency noise, as they start.
 NOISE = re.compile(rb"^(\[[A-Za-z_]+\.(cpp|h|cc):\d+\]|Failed to load .*torchao|[WIE]\d{4} [\d:.]+ )")
+_SEGMENT_END = re.compile(rb"([\r\n])")
+# What may be the start of a noise line, held until its end is known.
+_MAYBE_NOISE = re.compile(rb"^(\[|[WIE]\d|F)")
 _LOGGERS = ("torch", "torchao", "executorch", "torch.utils._pytree", "torch._export",
             "torch.export", "root")
 
@@ -36,9 +39,10 @@ def silence_python() -> None:
 class StderrFilter:
     """Route fd 2 through a pipe and drop :data:`NOISE` lines; :meth:`close` restores it.
 
-    Python's ``sys.stderr`` keeps writing to the real stderr (a duplicate of the original fd
-    2), so progress bars and error lines pass unbuffered; only what writes to fd 2 itself (C and
-    C++ code) goes through the filter.
+    Everything written to stderr goes through it, Python's ``sys.stderr`` included: the
+    runtime's pybindings route their C++ log lines to ``sys.stderr`` (a Python object), while
+    other C/C++ code writes to fd 2 itself. A piece of text that cannot start a noise line (a
+    progress bar's update, say) is passed on at once, not held until its newline.
     """
 
     def __init__(self):
@@ -48,12 +52,12 @@ class StderrFilter:
         os.dup2(write_end, 2)
         os.close(write_end)
         self._read_end = read_end
-        self._python_stderr = sys.stderr
-        sys.stderr = os.fdopen(os.dup(self._saved), "w", buffering=1,
-                               encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
-                               errors="replace")
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
+
+    def _pass(self, text: bytes) -> None:
+        if text and not NOISE.match(text):
+            os.write(self._saved, text)
 
     def _pump(self) -> None:
         pending = b""
@@ -62,20 +66,19 @@ class StderrFilter:
             if not chunk:
                 break
             pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                if not NOISE.match(line):
-                    os.write(self._saved, line + b"\n")
-        if pending and not NOISE.match(pending):
-            os.write(self._saved, pending)
+            *segments, pending = _SEGMENT_END.split(pending)
+            for index in range(0, len(segments), 2):     # (text, terminator) pairs
+                self._pass(segments[index] + segments[index + 1])
+            if pending and not _MAYBE_NOISE.match(pending):
+                self._pass(pending)
+                pending = b""
+        self._pass(pending)
         os.close(self._read_end)
 
     def close(self) -> None:
         sys.stderr.flush()
         os.dup2(self._saved, 2)        # closes the pipe's last write end: the pump ends
         self._thread.join(timeout=5)
-        sys.stderr.close()
-        sys.stderr = self._python_stderr
         os.close(self._saved)
 
 
