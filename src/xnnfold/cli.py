@@ -8,7 +8,9 @@ is filtered out unless ``--verbose`` (:mod:`xnnfold.quiet`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import re
 import sys
 from pathlib import Path
@@ -66,8 +68,10 @@ def _from_factory(spec: str):
             and isinstance(made[1], tuple)):
         raise UsageError(f"{spec}: the factory must return (torch.nn.Module, tuple of example "
                          f"inputs), got {type(made).__name__}")
+    printed = io.StringIO()   # a failing export prints the graph it traced; keep that out
     try:
-        return torch.export.export(made[0].eval(), made[1])
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            return torch.export.export(made[0].eval(), made[1])
     except Exception as error:  # noqa: BLE001
         raise UsageError(f"{spec}: torch.export failed ({type(error).__name__}: "
                          f"{str(error).splitlines()[0][:160]})")

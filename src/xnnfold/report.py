@@ -361,6 +361,7 @@ def plot_operator_times(report: dict, path: Path, top: int = 5) -> None:
                 if op != DELEGATE:
                     portable[op] = portable.get(op, 0.0) + ms
         shown = [DELEGATE] + sorted(portable, key=lambda op: -portable[op])[:top]
+        widest = 0.0
         for y, r in enumerate(rows):
             left = 0.0
             for index, op in enumerate(shown + ["other portable ops"]):
@@ -370,9 +371,11 @@ def plot_operator_times(report: dict, path: Path, top: int = 5) -> None:
                         label=op if y == 0 else None)
                 left += ms
             ax.text(left, y, f" {left:.2f} ms", va="center", fontsize=7)
+            widest = max(widest, left)
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([r["variant"] for r in rows], fontsize=8)
         ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlim(0, widest * 3)           # room for the total's label
         ax.set_title(name, fontsize=9, loc="left")
         ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     axes[-1, 0].set_xlabel("ms per run (ETDump, median of 5 runs; symlog scale)")
