@@ -5,8 +5,8 @@ from torch import nn
 
 
 class MeanHead(nn.Module):
-    """A linear, then ops XNNPACK declines with a logged reason: a mean without keepdim and a
-    cube (its pow config takes power 2 only)."""
+    """A linear, then ops XNNPACK declines with a logged reason: a mean over a 2-D tensor and
+    a cube (its pow config takes power 2 only); and a sum, which has no config at all."""
 
     def __init__(self):
         super().__init__()

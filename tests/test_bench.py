@@ -126,9 +126,12 @@ def test_lower_from_a_factory_and_explain_all(tmp_path, capsys):
     rows = devtools.why_not_delegated(torch.export.export(*_made("mean_head")))
     reasons = {r.op: r.reason for r in rows}
     # XNNPACK's own words, from its configs' WhyNoPartition records
-    assert reasons["aten.mean.dim"] == "mean.dim only supports keepdim=True", reasons
-    assert "power == 2" in reasons["aten.pow.Tensor_Scalar"], reasons
-    assert "mean.dim only supports keepdim=True" in printed and "power == 2" in printed
+    assert reasons["aten.mean.dim"] == ("mean.dim only supports averaging 4D tensors, got "
+                                        "tensor of rank 2"), reasons
+    assert reasons["aten.pow.Tensor_Scalar"] == "only support power == 2, got 3", reasons
+    assert reasons["aten.sum.dim_IntList"].startswith("nothing logged: XNNPACK has no "
+                                                      "partitioner config"), reasons
+    assert "averaging 4D tensors" in printed and "power == 2, got 3" in printed
 
 
 def _made(name):

@@ -89,18 +89,24 @@ def _cmd_explain(args) -> int:
     import xnnfold
 
     program = _load(args.program)
-    result = xnnfold.fold_gemm_params(program)
-    print(xnnfold.format_explanation(result.operands, result.fallback, result.projections))
-    if args.all:
-        from tabulate import tabulate
+    if not args.all:
+        result = xnnfold.fold_gemm_params(program)
+        print(xnnfold.format_explanation(result.operands, result.fallback, result.projections))
+        return 0
+    from tabulate import tabulate
 
-        from .devtools import why_not_delegated
-        rows = why_not_delegated(program)
-        print(f"\nops left outside delegates after xnnfold: {len(rows)} (reason as XNNPACK's "
-              "partitioner logged it)")
-        if rows:
-            print(tabulate([[r.node, r.op, r.reason] for r in rows],
-                           headers=["node", "op", "XNNPACK's reason"]))
+    from .devtools import why_not_delegated
+
+    # One lowering answers both: the GEMM table from its fold, the rest from XNNPACK's log.
+    partitioner = xnnfold.XnnpackPartitioner()
+    rows = why_not_delegated(program, partitioner)
+    result = partitioner.last_result
+    print(xnnfold.format_explanation(result.operands, result.fallback, result.projections))
+    print(f"\nops left outside delegates after xnnfold: {len(rows)} (reason as XNNPACK's "
+          "partitioner logged it)")
+    if rows:
+        print(tabulate([[r.node, r.op, r.reason] for r in rows],
+                       headers=["node", "op", "XNNPACK's reason"]))
     return 0
 
 
@@ -150,10 +156,10 @@ def _cmd_report(args) -> int:
         raise UsageError(error.args[0])
     print(report.rounds_line(result))
     print(report.table(result))
-    print()
-    print(report.ideal_table(result))
-    print()
-    print(report.lowering_table(result))
+    beside_ideal = report.ideal_table(result)
+    if beside_ideal:
+        print(f"\n{beside_ideal}")
+    print(f"\n{report.lowering_table(result)}")
     print(f"\nwritten: {args.out}/report.md, report.json, latency.png, operators.png")
     return 0
 

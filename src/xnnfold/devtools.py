@@ -137,6 +137,7 @@ def why_not_delegated(ep, partitioner=None) -> list:
     partitioner = partitioner if partitioner is not None else XnnpackPartitioner()
     with _collecting() as handler:
         edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+    targets = _config_targets()
     rows = []
     for node in edge.exported_program().graph.nodes:
         if node.op != "call_function":
@@ -145,6 +146,24 @@ def why_not_delegated(ep, partitioner=None) -> list:
         if "executorch_call_delegate" in name or name == "getitem":
             continue
         found = handler.found.get(node.name)
-        reason = found.reason if found else "no XNNPACK config for this op (none logged)"
+        if found:
+            reason = found.reason
+        elif _target_name(node) not in targets:
+            reason = f"nothing logged: XNNPACK has no partitioner config for {_target_name(node)}"
+        else:
+            reason = "nothing logged: its config took it, no partition kept it"
         rows.append(Declined(node.name, name, reason))
     return rows
+
+
+def _target_name(node) -> str:
+    from executorch.exir.backend.canonical_partitioners.config_partitioner import (
+        format_target_name,
+    )
+    return format_target_name(node.target.__name__)
+
+
+def _config_targets() -> set:
+    """The op names XNNPACK's partitioner has a config for (``target_name`` of each)."""
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    return {config.target_name for config in ALL_PARTITIONER_CONFIGS}

@@ -287,6 +287,8 @@ def ideal_table(report: dict, fmt: str = "simple") -> str:
         body.append([name, f"{folded['delegate_calls']} / {ideal['delegate_calls']}",
                      f"{folded['pte_bytes']:,} / {ideal['pte_bytes']:,}",
                      f"{folded['pte_bytes'] - ideal['pte_bytes']:+,}", latency])
+    if not body:
+        return ""
     return tabulate(body, headers=["model", "delegate calls xnnfold / ideal",
                                    ".pte bytes xnnfold / ideal", "bytes vs ideal",
                                    "latency xnnfold / ideal"],
@@ -298,7 +300,8 @@ def markdown(report: dict) -> str:
     return (f"# xnnfold report\n\n{report['date']} · {report['machine']}\n\n"
             f"{rounds_line(report)}\n\n{skipped and skipped + chr(10)}"
             f"{table(report, 'github')}\n\n"
-            f"## xnnfold beside the ideal rewrite\n\n{ideal_table(report, 'github')}\n\n"
+            f"## xnnfold beside the ideal rewrite\n\n"
+            f"{ideal_table(report, 'github') or 'no model here has an ideal rewrite'}\n\n"
             f"## Lowering cost (each variant in its own process)\n\n"
             f"{lowering_table(report, 'github')}\n\n"
             f"## Ops left outside delegates (executorch get_delegation_info)\n\n"
