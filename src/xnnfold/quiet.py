@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import sys
 import threading
 import warnings
@@ -52,6 +53,7 @@ class StderrFilter:
         os.dup2(write_end, 2)
         os.close(write_end)
         self._read_end = read_end
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
 
@@ -62,6 +64,13 @@ class StderrFilter:
     def _pump(self) -> None:
         pending = b""
         while True:
+            # A process that outlives the command (multiprocessing's forkserver) may hold the
+            # pipe's write end: stop on close() once nothing more is ready, not only on EOF.
+            ready, _, _ = select.select([self._read_end], [], [], 0.1)
+            if not ready:
+                if self._stop.is_set():
+                    break
+                continue
             chunk = os.read(self._read_end, 65536)
             if not chunk:
                 break
@@ -77,7 +86,8 @@ class StderrFilter:
 
     def close(self) -> None:
         sys.stderr.flush()
-        os.dup2(self._saved, 2)        # closes the pipe's last write end: the pump ends
+        os.dup2(self._saved, 2)
+        self._stop.set()
         self._thread.join(timeout=5)
         os.close(self._saved)
 
