@@ -186,3 +186,16 @@ def test_unknown_zoo_model_and_variant(tmp_path, capsys):
     assert "unknown model 'vit-huge'" in err and "wav2vec2-tiny" in err
     assert cli.main(["report", "--variants", "stock,fast", "--out", str(tmp_path)]) == 2
     assert "unknown variant 'fast'" in capsys.readouterr().err
+
+
+def test_a_zoo_model_whose_package_does_not_import_is_skipped_in_one_line(tmp_path):
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "from xnnfold import cli\n"
+            f"sys.exit(cli.main(['report', '--models', 'vit-tiny', '--out', {str(tmp_path)!r}]))")
+    done = _run("-c", code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    skipped = [line for line in done.stdout.splitlines() if line.startswith("skipped")]
+    assert skipped == ["skipped vit-tiny: transformers does not import (ModuleNotFoundError: "
+                       "import of transformers halted; None in sys.modules); "
+                       "pip install -e '.[zoo]'"], done.stdout
+    assert json.loads((tmp_path / "report.json").read_text())["skipped"].keys() == {"vit-tiny"}

@@ -160,7 +160,9 @@ def _cmd_report(args) -> int:
     if beside_ideal:
         print(f"\n{beside_ideal}")
     print(f"\n{report.lowering_table(result)}")
-    print(f"\nwritten: {args.out}/report.md, report.json, latency.png, operators.png")
+    written = [f for f in ("report.md", "report.json", "latency.png", "operators.png")
+               if (Path(args.out) / f).exists()]
+    print(f"\nwritten: {args.out}/{', '.join(written)}")
     return 0
 
 

@@ -5,9 +5,11 @@ its allocator's pages when xnnfold lowers. So each variant is lowered in a fresh
 which builds the model from its name (seeded), exports it, lowers it and writes the .pte to a
 file; the parent runs it. The processes are forked from a *forkserver* that has imported torch
 and executorch once (saving their import, 5-10 s, per variant) and has run no torch op, so it
-has no OpenMP pool to inherit (a process forked from one that started it can hang). Peak RSS is the kernel's high-water mark (``VmHWM``) of that process, reset just
-before the lowering, so that it counts the lowering on top of what the process already held
-(imports, model, export), which :attr:`Lowering.base_rss_mib` gives.
+has no OpenMP pool to inherit (a process forked from one that started it can hang).
+
+Peak RSS is the kernel's high-water mark (``VmHWM``) of that process, reset just before the
+lowering, so that it counts the lowering on top of what the process already held (imports,
+model, export), which :attr:`Lowering.base_rss_mib` gives.
 """
 
 from __future__ import annotations

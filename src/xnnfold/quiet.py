@@ -22,7 +22,8 @@ import threading
 import warnings
 
 # Lines of dependency noise, as they start.
-NOISE = re.compile(rb"^(\[[A-Za-z_]+\.(cpp|h|cc):\d+\]|Failed to load .*torchao|[WIE]\d{4} [\d:.]+ )")
+NOISE = re.compile(
+    rb"^(\[[A-Za-z_]+\.(cpp|h|cc):\d+\]|Failed to load .*torchao|[WIE]\d{4} [\d:.]+ )")
 _SEGMENT_END = re.compile(rb"([\r\n])")
 # What may be the start of a noise line, held until its end is known.
 _MAYBE_NOISE = re.compile(rb"^(\[|[WIE]\d|F)")

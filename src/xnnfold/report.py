@@ -317,6 +317,8 @@ def plot(report: dict, path: Path) -> None:
 
     names = list(dict.fromkeys(r["model"] for r in report["rows"]))
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in report["rows"])]
+    if not names:                 # every model skipped: no chart
+        return
     width = 0.8 / max(1, len(variants))
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(names)), 4))
     for index, variant in enumerate(variants):
