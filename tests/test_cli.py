@@ -1,13 +1,12 @@
-"""The command line on a small saved program, every bad input, and the report's JSON schema."""
+"""The command line on a small saved program and every bad input (the report: test_bench.py)."""
 
-import json
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from xnnfold import cli, models, report
+from xnnfold import cli, models
 from xnnfold.measure import run_pte
 
 
@@ -81,27 +80,3 @@ def test_module_entry_point(tmp_path):
     done = subprocess.run([sys.executable, "-m", "xnnfold", "explain", str(tmp_path / "x.pt2")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "no such file" in done.stderr
-
-
-def test_report_schema_on_one_tiny_model(tmp_path):
-    result = report.run_report(names=["lora-linear"], reps=2, out=tmp_path, show_progress=False)
-    saved = json.loads((tmp_path / "report.json").read_text())
-    assert saved == json.loads(json.dumps(result))
-    assert saved["schema"] == report.SCHEMA_VERSION and saved["reps"] == 2
-    assert {r["variant"] for r in saved["rows"]} == set(report.VARIANTS)
-    keys = {"model", "variant", "gemms_outside", "delegate_calls", "pte_bytes", "max_abs_diff",
-            "lower_seconds", "median_ms", "min_ms", "max_ms", "ratio_to_stock", "error"}
-    for row in saved["rows"]:
-        assert keys <= row.keys() and row["error"] is None, row
-        assert row["median_ms"] > 0 and row["min_ms"] <= row["median_ms"] <= row["max_ms"]
-    by = {r["variant"]: r for r in saved["rows"]}
-    assert by["stock"]["gemms_outside"] == 1 and by["xnnfold"]["gemms_outside"] == 0
-    assert by["stock"]["ratio_to_stock"] == 1.0
-    assert (tmp_path / "latency.png").stat().st_size > 0
-    text = (tmp_path / "report.md").read_text()
-    assert "| lora-linear" in text
-    ideal = by["ideal"]
-    beside = text.split("## xnnfold beside the ideal rewrite")[1]
-    line = next(line for line in beside.splitlines() if line.startswith("| lora-linear"))
-    assert f"{by['xnnfold']['delegate_calls']} / {ideal['delegate_calls']}" in line, line
-    assert f"{by['xnnfold']['pte_bytes']:,} / {ideal['pte_bytes']:,}" in line, line

@@ -23,6 +23,9 @@ from .partitioner import XnnpackPartitioner
 
 # Variants of lowering one exported program.
 STOCK, XNNFOLD, CONSTANT_PROP = "stock", "xnnfold", "constant_prop_pass"
+# Stock's own way round computed weights: every fp32 linear takes its weight at run time.
+STOCK_FLAG = "stock-flag"
+_FLAG = {"force_non_static_weights_for_f32_linear": True}
 _QUANT_OP_HINTS = ("quantize_per", "dequantize_per", "quantize_affine", "dequantize_affine")
 
 
@@ -47,6 +50,7 @@ class Lowered:
     program_constants: list            # HeldConstant read by ops outside delegates
     lower_seconds: float
     fold: object = None                # FoldResult, for the xnnfold variant
+    delegation: dict = None            # devtools.delegation(): ops in and out, by op type
 
     @property
     def pte_bytes(self) -> int:
@@ -108,11 +112,16 @@ def inspect_lowered(edge_program: ExportedProgram) -> tuple:
 
 def lower(ep: ExportedProgram, variant: str = XNNFOLD, partitioner_kwargs: Optional[dict] = None
           ) -> Lowered:
-    """Lower ``ep`` to a .pte with the stock partitioner, xnnfold, or constant_prop_pass+stock."""
+    """Lower ``ep`` to a .pte with the stock partitioner, xnnfold, constant_prop_pass+stock,
+    or stock with ``force_non_static_weights_for_f32_linear`` (``STOCK_FLAG``)."""
+    from .devtools import delegation
+
     kwargs = partitioner_kwargs or {}
     start = time.perf_counter()
     if variant == XNNFOLD:
         partitioner = XnnpackPartitioner(**kwargs)
+    elif variant == STOCK_FLAG:
+        partitioner = StockXnnpackPartitioner(**{**kwargs, **_FLAG})
     elif variant in (STOCK, CONSTANT_PROP):
         partitioner = StockXnnpackPartitioner(**kwargs)
     else:
@@ -124,9 +133,12 @@ def lower(ep: ExportedProgram, variant: str = XNNFOLD, partitioner_kwargs: Optio
         import executorch.kernels.quantized  # noqa: F401 - registers the out variants
     edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
     ops, calls, constants, kept = inspect_lowered(edge.exported_program())
+    paused = time.perf_counter()      # reading the delegation table is not part of lowering
+    delegated = delegation(edge.exported_program().graph_module)
+    start += time.perf_counter() - paused
     pte = edge.to_executorch().buffer
     return Lowered(variant, pte, ops, calls, constants, kept, time.perf_counter() - start,
-                   getattr(partitioner, "last_result", None))
+                   getattr(partitioner, "last_result", None), delegated)
 
 
 def _has_quantized_ops(ep: ExportedProgram) -> bool:

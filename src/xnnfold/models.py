@@ -238,6 +238,33 @@ def lora_case(features=16, rows=5, seed=0) -> Case:
                 _plain_linear(merged, model.bias).eval())
 
 
+class TiedHeadDecoder(nn.Module):
+    """A speech-style text decoder whose output head is the token table, transposed:
+    ``logits = x @ embedding.weight.t()``, the table also read by the token lookup."""
+
+    def __init__(self, vocab=51865, embed=384, heads=6, layers=4):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, embed)
+        layer = nn.TransformerDecoderLayer(embed, heads, dim_feedforward=4 * embed,
+                                           dropout=0.0, batch_first=True)
+        self.decoder = nn.TransformerDecoder(layer, layers)
+        for name, param in self.decoder.named_parameters():
+            if name.endswith("in_proj_bias"):
+                nn.init.normal_(param)
+
+    def forward(self, tokens, memory):
+        x = self.decoder(self.embedding(tokens), memory)
+        return x @ self.embedding.weight.t()
+
+
+def tied_head_case(vocab=51865, embed=384, heads=6, layers=4, tokens=8, memory=375,
+                   seed=0) -> Case:
+    torch.manual_seed(seed)
+    model = TiedHeadDecoder(vocab, embed, heads, layers).eval()
+    return Case("tied-head decoder", model,
+                (torch.randint(0, vocab, (1, tokens)), torch.randn(1, memory, embed)))
+
+
 # --------------------------------------------------------------------------------------------
 # The report's sets. Each entry builds its Case lazily: models are cheap, lowering is not.
 
@@ -257,16 +284,20 @@ LARGE: dict = {
     "self-attention-512": lambda: attention_case("self", embed=512, heads=8, tgt=64),
     "weight-norm-conv1d-256": lambda: weight_norm_case(channels=256, length=400),
     "lora-linear-1024": lambda: lora_case(features=1024, rows=64),
+    # E=384, 6 heads, 4 layers, vocabulary 51,865, 8 tokens, memory 375 (whisper-tiny's sizes)
+    "tied-head-decoder": lambda: tied_head_case(),
 }
 
 ALL: dict = {**SMALL, **LARGE}
 
 
 def build(name: str) -> Case:
-    try:
-        factory: Callable[[], Case] = ALL[name]
-    except KeyError:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(ALL)}") from None
+    """The built-in or zoo model ``name`` (a zoo model may raise ``zoo.ZooUnavailable``)."""
+    from .zoo import ZOO
+
+    factory: Optional[Callable[[], Case]] = ALL.get(name) or ZOO.get(name)
+    if factory is None:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join([*ALL, *ZOO])}")
     case = factory()
     case.name = name
     return case

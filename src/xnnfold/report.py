@@ -1,17 +1,25 @@
-"""The report: stock against xnnfold against the ideal rewrite (and constant_prop_pass).
+"""The report: stock against xnnfold against the ideal rewrite (and stock's flag, and
+constant_prop_pass).
 
-For each built-in model: GEMMs outside delegates, delegate calls, .pte bytes, max abs diff vs
-eager, lowering seconds, and latency on the ExecuTorch runtime. Latencies are measured in one
-process, interleaved (stock, xnnfold, ideal, constant_prop_pass, stock, ...), after warm-up,
-and quoted as median (min-max) and as a ratio to stock: this machine drifts by about 10%
-between runs, so only side-by-side ratios mean anything.
+For each model: GEMMs outside delegates, delegate calls, ops left outside delegates (executorch's
+``get_delegation_info``), .pte bytes, max abs diff vs eager, lowering seconds and peak RSS (each
+variant lowered in a process of its own, :mod:`xnnfold.isolated`), latency on the ExecuTorch
+runtime, and where the time goes (ETDump, :func:`xnnfold.devtools.operator_times`).
+
+Latency: all variants are loaded in this process, warmed up, then timed in rounds; every round
+runs each variant once, in an order shuffled anew (seeded), so that no variant always runs
+right after stock's slow portable call. Quoted as median (min-max) over the rounds and as a
+ratio to stock: this machine drifts by about 10% between runs, so only side-by-side ratios
+mean anything.
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import random
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,11 +30,12 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from . import models
-from .measure import CONSTANT_PROP, STOCK, XNNFOLD, PteRunner, lower, max_abs_diff
+from .isolated import IDEAL, lower_isolated
+from .measure import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, PteRunner, max_abs_diff
 
-IDEAL = "ideal"
-VARIANTS = (STOCK, XNNFOLD, IDEAL, CONSTANT_PROP)
-SCHEMA_VERSION = 1
+VARIANTS = (STOCK, XNNFOLD, STOCK_FLAG, IDEAL, CONSTANT_PROP)
+PROFILED = (STOCK, XNNFOLD)          # the variants whose time the ETDump breaks down
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -35,10 +44,16 @@ class Row:
     variant: str
     gemms_outside: Optional[int] = None
     delegate_calls: Optional[int] = None
+    ops_delegated: Optional[int] = None          # get_delegation_info's node counts
+    ops_outside: Optional[int] = None
+    ops_outside_by_type: dict = field(default_factory=dict)
     pte_bytes: Optional[int] = None
     max_abs_diff: Optional[float] = None
     lower_seconds: Optional[float] = None
+    peak_rss_mib: Optional[float] = None
+    base_rss_mib: Optional[float] = None
     latency_ms: list = field(default_factory=list)
+    op_ms: dict = field(default_factory=dict)    # ETDump: ms per run by portable op / delegate
     error: Optional[str] = None
 
     @property
@@ -46,78 +61,127 @@ class Row:
         return statistics.median(self.latency_ms) if self.latency_ms else None
 
 
-def _lower_variant(case: models.Case, variant: str, exported: dict):
-    """Lower one variant; ``exported`` caches each module's export (it costs a second)."""
-    module = case.ideal if variant == IDEAL else case.model
-    if module is None:
-        return None
-    if id(module) not in exported:
-        exported[id(module)] = torch.export.export(module, case.inputs,
-                                                   dynamic_shapes=case.dynamic_shapes)
-    return lower(exported[id(module)], STOCK if variant == IDEAL else variant)
+def _error_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
 
 
-def measure_model(name: str, reps: int, warmup: int = 3, progress=None) -> list:
-    """Rows for every variant of one built-in model."""
+def _lower_row(name: str, variant: str, case, expected, folder: str, verbose: bool):
+    row = Row(name, variant)
+    runner = None
+    try:
+        lowering = lower_isolated(name, variant, folder, verbose)
+        runner = PteRunner(Path(lowering.pte_path).read_bytes())
+        row.gemms_outside, row.delegate_calls = lowering.gemms_outside, lowering.delegate_calls
+        row.ops_delegated = lowering.delegation["delegated"]
+        row.ops_outside = lowering.delegation["not_delegated"]
+        row.ops_outside_by_type = lowering.delegation["not_delegated_by_op"]
+        row.pte_bytes = len(runner._buffer)
+        row.lower_seconds = round(lowering.lower_seconds, 2)
+        row.peak_rss_mib = lowering.peak_rss_mib and round(lowering.peak_rss_mib, 1)
+        row.base_rss_mib = lowering.base_rss_mib and round(lowering.base_rss_mib, 1)
+        row.max_abs_diff = max_abs_diff(runner.run(case.inputs), expected)
+    except Exception as error:  # noqa: BLE001 - a variant that fails is a finding
+        row.error, runner = _error_line(error), None
+    return row, runner
+
+
+def time_interleaved(runners: dict, inputs: tuple, rounds: int, seed: int = 0,
+                     warmup: int = 3) -> dict:
+    """``{variant: [ms, ...]}``: ``rounds`` rounds, each variant once per round, in an order
+    shuffled every round by a ``random.Random(seed)``."""
+    for runner in runners.values():
+        for _ in range(warmup):
+            runner.run(inputs)
+    order, rng = list(runners), random.Random(seed)
+    times: dict = {variant: [] for variant in runners}
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for variant in order:
+            start = time.perf_counter()
+            runners[variant].run(inputs)
+            times[variant].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def measure_model(name: str, reps: int, variants=VARIANTS, seed: int = 0, profile: bool = True,
+                  folder: Optional[str] = None, progress=None, verbose: bool = False) -> list:
+    """Rows for every variant of one built-in or zoo model."""
+    from .devtools import operator_times
+
     case = models.build(name)
     with torch.no_grad():
         expected = case.model(*case.inputs)
-    rows, runners, exported = [], {}, {}
-    for variant in VARIANTS:
-        row = Row(name, variant)
-        try:
-            lowered = _lower_variant(case, variant, exported)
-            if lowered is None:
+    rows, runners = [], {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for variant in variants:
+            if variant == IDEAL and case.ideal is None:
                 continue
-            runner = PteRunner(lowered.pte)
-            row.gemms_outside = len(lowered.gemms_outside)
-            row.delegate_calls = lowered.delegate_calls
-            row.pte_bytes = lowered.pte_bytes
-            row.lower_seconds = round(lowered.lower_seconds, 2)
-            row.max_abs_diff = max_abs_diff(runner.run(case.inputs), expected)
-            runners[variant] = runner
-        except Exception as error:  # noqa: BLE001 - a variant that fails is a finding
-            row.error = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-        rows.append(row)
-        if progress is not None:
-            progress.update(1)
-    by_variant = {r.variant: r for r in rows}
-    for runner in runners.values():
-        for _ in range(warmup):
-            runner.run(case.inputs)
-    for _ in range(reps):            # interleaved: drift hits every variant alike
-        for variant, runner in runners.items():
-            start = time.perf_counter()
-            runner.run(case.inputs)
-            by_variant[variant].latency_ms.append((time.perf_counter() - start) * 1e3)
+            row, runner = _lower_row(name, variant, case, expected, folder or scratch, verbose)
+            rows.append(row)
+            if runner is not None:
+                runners[variant] = runner
+            if progress is not None:
+                progress.update(1)
+        by_variant = {r.variant: r for r in rows}
+        for variant, times in time_interleaved(runners, case.inputs, reps, seed).items():
+            by_variant[variant].latency_ms = times
+        for variant in PROFILED if profile else ():
+            if variant in runners:
+                try:
+                    by_variant[variant].op_ms = operator_times(runners[variant]._buffer,
+                                                               case.inputs)
+                except Exception as error:  # noqa: BLE001 - no breakdown, say why
+                    by_variant[variant].op_ms = {"failed": _error_line(error)}
     return rows
 
 
 def model_names(size: str, names: Optional[list] = None) -> list:
     if names:
-        for name in names:
-            models.build(name)   # raises KeyError naming the unknown model
+        unknown = [n for n in names if n not in _known()]
+        if unknown:
+            raise KeyError(f"unknown model {unknown[0]!r}; known: {', '.join(_known())}")
         return names
     return list({"small": models.SMALL, "large": models.LARGE, "all": models.ALL}[size])
 
 
+def _known() -> list:
+    from .zoo import ZOO
+    return [*models.ALL, *ZOO]
+
+
 def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20,
-               out: Optional[Path] = None, show_progress: bool = True) -> dict:
+               out: Optional[Path] = None, show_progress: bool = True, variants=VARIANTS,
+               seed: int = 0, profile: bool = True, verbose: bool = False,
+               on_skip=None) -> dict:
+    """Measure ``names`` (or the ``size`` set); a zoo model whose package does not import is
+    skipped, its one-line reason in ``report["skipped"]`` and passed to ``on_skip``."""
+    from .zoo import ZooUnavailable
+
     names = model_names(size, names)
-    rows = []
-    with tqdm(total=len(names) * len(VARIANTS), desc="lowering", unit="variant",
+    rows, skipped = [], {}
+    with tqdm(total=len(names) * len(variants), desc="lowering", unit="variant",
               disable=not show_progress) as progress:
         for name in names:
             progress.set_postfix_str(name)
-            rows.extend(measure_model(name, reps, progress=progress))
+            try:
+                rows.extend(measure_model(name, reps, variants, seed, profile,
+                                          progress=progress, verbose=verbose))
+            except ZooUnavailable as error:
+                skipped[name] = str(error)
+                progress.update(len(variants))
+                if on_skip is not None:
+                    on_skip(name, str(error))
     report = {"schema": SCHEMA_VERSION, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "machine": _machine(), "reps": reps, "rows": [_row_dict(r, rows) for r in rows]}
+              "machine": _machine(), "reps": reps, "seed": seed,
+              "order": "shuffled every round", "skipped": skipped,
+              "rows": [_row_dict(r, rows) for r in rows]}
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(report, indent=2))
         (out / "report.md").write_text(markdown(report))
         plot(report, out / "latency.png")
+        plot_operator_times(report, out / "operators.png")
     return report
 
 
@@ -132,6 +196,7 @@ def _row_dict(row: Row, rows: list) -> dict:
     data["median_ms"] = row.median_ms
     data["min_ms"] = min(row.latency_ms) if row.latency_ms else None
     data["max_ms"] = max(row.latency_ms) if row.latency_ms else None
+    data["rounds"] = len(row.latency_ms)
     stock = next((r for r in rows if r.model == row.model and r.variant == STOCK), None)
     data["ratio_to_stock"] = (row.median_ms / stock.median_ms
                               if stock and stock.median_ms and row.median_ms else None)
@@ -139,21 +204,74 @@ def _row_dict(row: Row, rows: list) -> dict:
     return data
 
 
+def rounds_line(report: dict) -> str:
+    return (f"{report['reps']} rounds after 3 warm-up runs; every round runs each variant once, "
+            f"in an order shuffled anew (seed {report['seed']}); latency = median (min-max) "
+            "over the rounds")
+
+
+def _number(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
 def table(report: dict, fmt: str = "simple") -> str:
-    headers = ["model", "variant", "GEMMs outside", "delegate calls", ".pte bytes",
-               "max abs diff", "lower s", "latency ms median (min-max)", "vs stock"]
+    headers = ["model", "variant", "GEMMs outside", "delegate calls", "ops outside",
+               ".pte bytes", "max abs diff", "lower s", "peak RSS MiB",
+               "latency ms median (min-max)", "vs stock"]
     body = []
     for r in report["rows"]:
         if r["error"]:
-            body.append([r["model"], r["variant"], "", "", "", "", "", f"failed: {r['error']}", ""])
+            body.append([r["model"], r["variant"], "", "", "", "", "", "", "",
+                         f"failed: {r['error']}", ""])
             continue
         latency = (f"{r['median_ms']:.3f} ({r['min_ms']:.3f}-{r['max_ms']:.3f})"
                    if r["median_ms"] is not None else "")
-        ratio = f"{r['ratio_to_stock']:.3f}" if r["ratio_to_stock"] is not None else ""
         body.append([r["model"], r["variant"], r["gemms_outside"], r["delegate_calls"],
-                     f"{r['pte_bytes']:,}", f"{r['max_abs_diff']:.1e}", r["lower_seconds"],
-                     latency, ratio])
+                     r["ops_outside"], f"{r['pte_bytes']:,}", f"{r['max_abs_diff']:.1e}",
+                     _number(r["lower_seconds"], ".2f"), _number(r["peak_rss_mib"], ",.0f"),
+                     latency, _number(r["ratio_to_stock"], ".3f")])
     return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+
+
+def _by_model(report: dict) -> dict:
+    found: dict = {}
+    for r in report["rows"]:
+        found.setdefault(r["model"], {})[r["variant"]] = r
+    return found
+
+
+def lowering_table(report: dict, fmt: str = "simple") -> str:
+    """Lowering seconds and peak RSS of every variant side by side, each variant lowered in a
+    process of its own (peak RSS: the process's high-water mark over the lowering, on top of
+    its imports, model and export)."""
+    present = [v for v in VARIANTS if any(r["variant"] == v for r in report["rows"])]
+    body = []
+    for name, found in _by_model(report).items():
+        cells = [found.get(v) for v in present]
+        body.append([name, " / ".join(_number(c and c["lower_seconds"], ".1f") or "-"
+                                      for c in cells),
+                     " / ".join(_number(c and c["peak_rss_mib"], ",.0f") or "-" for c in cells),
+                     " / ".join(_number(c and c["base_rss_mib"], ",.0f") or "-" for c in cells)])
+    order = " / ".join(present)
+    return tabulate(body, headers=["model", f"lower s ({order})", f"peak RSS MiB ({order})",
+                                   "RSS before lowering MiB"],
+                    tablefmt=fmt, disable_numparse=True)
+
+
+def outside_table(report: dict, fmt: str = "simple", top: int = 6) -> str:
+    """executorch's get_delegation_info, stock beside xnnfold: ops left outside by op type."""
+    body = []
+    for name, found in _by_model(report).items():
+        for variant in (STOCK, XNNFOLD):
+            r = found.get(variant)
+            if r is None or r["error"]:
+                continue
+            ops = r["ops_outside_by_type"]
+            listed = ", ".join(f"{op} {n}" for op, n in list(ops.items())[:top])
+            more = f", +{len(ops) - top} types" if len(ops) > top else ""
+            body.append([name, variant, r["ops_delegated"], r["ops_outside"], listed + more])
+    return tabulate(body, headers=["model", "variant", "ops delegated", "ops outside",
+                                   "outside, by op type"], tablefmt=fmt, disable_numparse=True)
 
 
 def ideal_table(report: dict, fmt: str = "simple") -> str:
@@ -169,6 +287,8 @@ def ideal_table(report: dict, fmt: str = "simple") -> str:
         body.append([name, f"{folded['delegate_calls']} / {ideal['delegate_calls']}",
                      f"{folded['pte_bytes']:,} / {ideal['pte_bytes']:,}",
                      f"{folded['pte_bytes'] - ideal['pte_bytes']:+,}", latency])
+    if not body:
+        return ""
     return tabulate(body, headers=["model", "delegate calls xnnfold / ideal",
                                    ".pte bytes xnnfold / ideal", "bytes vs ideal",
                                    "latency xnnfold / ideal"],
@@ -176,10 +296,18 @@ def ideal_table(report: dict, fmt: str = "simple") -> str:
 
 
 def markdown(report: dict) -> str:
-    return (f"# xnnfold report\n\n{report['date']} · {report['machine']} · {report['reps']} "
-            f"interleaved reps after warm-up\n\n{table(report, 'github')}\n\n"
-            f"## xnnfold beside the ideal rewrite\n\n{ideal_table(report, 'github')}\n\n"
-            "![latency](latency.png)\n")
+    skipped = "".join(f"- skipped {name}: {why}\n" for name, why in report["skipped"].items())
+    return (f"# xnnfold report\n\n{report['date']} · {report['machine']}\n\n"
+            f"{rounds_line(report)}\n\n{skipped and skipped + chr(10)}"
+            f"{table(report, 'github')}\n\n"
+            f"## xnnfold beside the ideal rewrite\n\n"
+            f"{ideal_table(report, 'github') or 'no model here has an ideal rewrite'}\n\n"
+            f"## Lowering cost (each variant in its own process)\n\n"
+            f"{lowering_table(report, 'github')}\n\n"
+            f"## Ops left outside delegates (executorch get_delegation_info)\n\n"
+            f"{outside_table(report, 'github')}\n\n"
+            "![latency](latency.png)\n\n"
+            "## Where the time goes (ETDump, ms per run)\n\n![operators](operators.png)\n")
 
 
 def plot(report: dict, path: Path) -> None:
@@ -188,9 +316,12 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(r["model"] for r in report["rows"]))
-    width = 0.8 / len(VARIANTS)
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in report["rows"])]
+    if not names:                 # every model skipped: no chart
+        return
+    width = 0.8 / max(1, len(variants))
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(names)), 4))
-    for index, variant in enumerate(VARIANTS):
+    for index, variant in enumerate(variants):
         values = [next((r["median_ms"] for r in report["rows"] if r["model"] == name
                         and r["variant"] == variant and r["median_ms"]), 0) for name in names]
         wrong = any(r["variant"] == variant and (r["max_abs_diff"] or 0) > 1e-3
@@ -202,9 +333,57 @@ def plot(report: dict, path: Path) -> None:
     ax.set_ylabel("latency, ms (median, log scale)")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
-    ax.legend(fontsize=8, ncol=len(VARIANTS), loc="lower center", bbox_to_anchor=(0.5, 1.0),
+    ax.legend(fontsize=8, ncol=len(variants), loc="lower center", bbox_to_anchor=(0.5, 1.0),
               frameon=False)
     ax.set_title("ExecuTorch runtime latency: stock vs xnnfold vs ideal", pad=24)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_operator_times(report: dict, path: Path, top: int = 5) -> None:
+    """Per model, stock and xnnfold as stacked bars: ms per run in XNNPACK delegate calls and
+    in each of the ``top`` slowest portable ops (the rest summed), from the ETDump."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .devtools import DELEGATE
+
+    profiled = [(name, [found[v] for v in PROFILED if v in found and found[v]["op_ms"]
+                        and "failed" not in found[v]["op_ms"]])
+                for name, found in _by_model(report).items()]
+    profiled = [(name, rows) for name, rows in profiled if rows]
+    if not profiled:
+        return
+    fig, axes = plt.subplots(len(profiled), 1, figsize=(8, 1.3 + 1.1 * len(profiled)),
+                             squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    for ax, (name, rows) in zip(axes[:, 0], profiled):
+        portable: dict = {}
+        for r in rows:
+            for op, ms in r["op_ms"].items():
+                if op != DELEGATE:
+                    portable[op] = portable.get(op, 0.0) + ms
+        shown = [DELEGATE] + sorted(portable, key=lambda op: -portable[op])[:top]
+        widest = 0.0
+        for y, r in enumerate(rows):
+            left = 0.0
+            for index, op in enumerate(shown + ["other portable ops"]):
+                ms = (r["op_ms"].get(op, 0.0) if op != "other portable ops" else
+                      sum(v for k, v in r["op_ms"].items() if k not in shown))
+                ax.barh(y, ms, left=left, color=colors[index % 10],
+                        label=op if y == 0 else None)
+                left += ms
+            ax.text(left, y, f" {left:.2f} ms", va="center", fontsize=7)
+            widest = max(widest, left)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([r["variant"] for r in rows], fontsize=8)
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlim(0, widest * 3)           # room for the total's label
+        ax.set_title(name, fontsize=9, loc="left")
+        ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    axes[-1, 0].set_xlabel("ms per run (ETDump, median of 5 runs; symlog scale)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

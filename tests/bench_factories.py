@@ -1,0 +1,42 @@
+"""Factories for ``xnnfold lower package.module:function`` in the CLI tests."""
+
+import torch
+from torch import nn
+
+
+class MeanHead(nn.Module):
+    """A linear, then ops XNNPACK declines with a logged reason: a mean over a 2-D tensor and
+    a cube (its pow config takes power 2 only); and a sum, which has no config at all."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return y.mean(dim=-1) + (y ** 3).sum(dim=-1)
+
+
+def mean_head():
+    torch.manual_seed(0)
+    return MeanHead(), (torch.randn(2, 8),)
+
+
+def not_a_pair():
+    return nn.Linear(2, 2)
+
+
+def raises():
+    raise ValueError("no model today")
+
+
+def not_exportable():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:      # data-dependent control flow: torch.export refuses it
+                return x + 1
+            return x - 1
+    return Branchy(), (torch.randn(3),)
+
+
+NOT_CALLABLE = 3
