@@ -9,7 +9,7 @@ from typing import Optional
 import pytest
 import torch
 
-from xnnfold.measure import STOCK, XNNFOLD, Lowered, lower, max_abs_diff, run_pte
+from xnnfold.bench.measure import STOCK, XNNFOLD, Lowered, lower, max_abs_diff, run_pte
 
 torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
 

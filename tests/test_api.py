@@ -8,8 +8,9 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from executorch.exir import to_edge, to_edge_transform_and_lower
 
 import xnnfold
-from xnnfold import evaluate, models
-from xnnfold.measure import STOCK, XNNFOLD, inspect_lowered, lower, max_abs_diff, run_pte
+from xnnfold import evaluate
+from xnnfold.bench import models
+from xnnfold.bench.measure import STOCK, XNNFOLD, inspect_lowered, lower, max_abs_diff, run_pte
 
 from conftest import check_lowering
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from xnnfold import cli, devtools, models, report
-from xnnfold.measure import STOCK, STOCK_FLAG, XNNFOLD, lower
+from xnnfold.bench import cli, devtools, models, report
+from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD, lower
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TESTS = str(Path(__file__).resolve().parent)
@@ -31,7 +31,7 @@ def test_stderr_filter_drops_noise_only():
     # pybindings do), are dropped; a progress bar's partial updates and other lines pass.
     code = r"""
 import os, sys
-from xnnfold.quiet import StderrFilter
+from xnnfold.bench.quiet import StderrFilter
 f = StderrFilter()
 for piece in (b'[', b'cpuinfo_utils.cpp', b':', b'71', b'] ', b'Reading file\n'):
     os.write(2, piece)
@@ -167,7 +167,7 @@ def test_tied_head_is_the_table_transposed_and_the_flag_takes_it():
 
 
 def test_zoo_speech_model_weight_norm_conv_is_folded():
-    from xnnfold import zoo
+    from xnnfold.bench import zoo
     try:                      # not importorskip: the zoo must import transformers itself
         case = zoo.wav2vec2_tiny()
     except zoo.ZooUnavailable as error:
@@ -190,7 +190,7 @@ def test_unknown_zoo_model_and_variant(tmp_path, capsys):
 
 def test_a_zoo_model_whose_package_does_not_import_is_skipped_in_one_line(tmp_path):
     code = ("import sys; sys.modules['transformers'] = None\n"
-            "from xnnfold import cli\n"
+            "from xnnfold.bench import cli\n"
             f"sys.exit(cli.main(['report', '--models', 'vit-tiny', '--out', {str(tmp_path)!r}]))")
     done = _run("-c", code)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from xnnfold import cli, models
-from xnnfold.measure import run_pte
+from xnnfold.bench import cli, models
+from xnnfold.bench.measure import run_pte
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold import models
+from xnnfold.bench import models
 
 from conftest import assert_all_delegated, assert_matches_ideal, check_lowering
 

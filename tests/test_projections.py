@@ -12,7 +12,8 @@ from torch import nn
 
 import xnnfold
 from conftest import LAYOUT_OPS, assert_all_delegated, assert_matches_ideal, check_lowering
-from xnnfold import models, rules
+from xnnfold import rules
+from xnnfold.bench import models
 
 E = 16
 

@@ -10,7 +10,7 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnfold
-from xnnfold import models
+from xnnfold.bench import models
 
 from conftest import assert_all_delegated, check_lowering
 from test_fp32_positive import K, N, ROWS, Packed

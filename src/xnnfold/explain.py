@@ -1,11 +1,11 @@
-"""Explain: for every GEMM weight and bias, delegated as is, folded, or declined and why; and
+"""Explain: for every GEMM weight and bias, delegated as is, folded, or declined and why (and
+whether it is delegated with a run-time weight); which GEMMs were rewritten as ``linear``; and
 which packed projections were split into one linear per part."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from tabulate import tabulate
 from torch.export import ExportedProgram
 
 from .partitioner import fold_gemm_params
@@ -17,12 +17,19 @@ _STATUS_TEXT = {"plain": "plain param (stock delegates it as is)",
 
 class Explanation(list):
     """The :class:`~xnnfold.pipeline.GemmOperand` rows, plus ``projections`` (each a
-    :class:`~xnnfold.projections.PackedProjection`, split or kept) and ``fallback``."""
+    :class:`~xnnfold.projections.PackedProjection`, split or kept), ``canonical`` (each a
+    :class:`~xnnfold.canonical.CanonicalRewrite`) and ``fallback``."""
 
-    def __init__(self, rows, projections=(), fallback: Optional[str] = None):
+    def __init__(self, rows, projections=(), fallback: Optional[str] = None, canonical=()):
         super().__init__(rows)
         self.projections = list(projections)
+        self.canonical = list(canonical)
         self.fallback = fallback
+
+    @classmethod
+    def of(cls, result) -> "Explanation":
+        """The explanation of a :class:`~xnnfold.pipeline.FoldResult`."""
+        return cls(result.operands, result.projections, result.fallback, result.canonical)
 
 
 def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
@@ -31,7 +38,7 @@ def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
     If the fold fell back to stock, the operands it would have folded say so (rule "internal").
     """
     result = fold_gemm_params(ep, partitioner)
-    return Explanation(result.operands, result.projections, result.fallback)
+    return Explanation.of(result)
 
 
 def format_explanation(rows: list, fallback: Optional[str] = None, projections=None) -> str:
@@ -43,10 +50,21 @@ def format_explanation(rows: list, fallback: Optional[str] = None, projections=N
     fallback = fallback or getattr(rows, "fallback", None)
     table = [[r.gemm, r.kind, r.role, r.status, r.rule or "", r.node or r.constant or "",
               r.reason or ""] for r in rows]
-    text = tabulate(table, headers=["gemm", "kind", "operand", "status", "rule",
-                                    "node / constant", "reason"]) if table else "no GEMM"
+    text = _columns(["gemm", "kind", "operand", "status", "rule", "node / constant", "reason"],
+                    table) if table else "no GEMM"
+    for rewrite in getattr(rows, "canonical", []):
+        text += f"\n{rewrite.describe()}"
     for site in projections:
         text += f"\n{site.describe()}"
     if fallback:
         text += f"\nxnnfold fell back to stock: {fallback}"
     return text
+
+
+def _columns(headers: list, rows: list) -> str:
+    """A plain text table, left-aligned, a rule under the headers."""
+    cells = [[str(c) for c in row] for row in [headers] + rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

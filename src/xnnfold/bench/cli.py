@@ -2,7 +2,7 @@
 
 Bad input gets one line on stderr naming the problem and exit code 2; ``--debug`` shows the
 traceback instead. Dependency noise (torchao, torch's ``_pytree``, the runtime's C++ log lines)
-is filtered out unless ``--verbose`` (:mod:`xnnfold.quiet`).
+is filtered out unless ``--verbose`` (:mod:`xnnfold.bench.quiet`).
 """
 
 from __future__ import annotations
@@ -87,11 +87,12 @@ def _load(source: str):
 
 def _cmd_explain(args) -> int:
     import xnnfold
+    from ..explain import Explanation
 
     program = _load(args.program)
     if not args.all:
         result = xnnfold.fold_gemm_params(program)
-        print(xnnfold.format_explanation(result.operands, result.fallback, result.projections))
+        print(xnnfold.format_explanation(Explanation.of(result)))
         return 0
     from tabulate import tabulate
 
@@ -101,7 +102,7 @@ def _cmd_explain(args) -> int:
     partitioner = xnnfold.XnnpackPartitioner()
     rows = why_not_delegated(program, partitioner)
     result = partitioner.last_result
-    print(xnnfold.format_explanation(result.operands, result.fallback, result.projections))
+    print(xnnfold.format_explanation(Explanation.of(result)))
     print(f"\nops left outside delegates after xnnfold: {len(rows)} (reason as XNNPACK's "
           "partitioner logged it)")
     if rows:
@@ -112,6 +113,7 @@ def _cmd_explain(args) -> int:
 
 def _cmd_lower(args) -> int:
     import xnnfold
+    from ..explain import Explanation
     from .measure import STOCK, XNNFOLD, lower
 
     program = _load(args.program)
@@ -132,7 +134,7 @@ def _cmd_lower(args) -> int:
         if fold.fallback:
             print(f"fell back to stock: {fold.fallback}")
         if args.explain:
-            print(xnnfold.format_explanation(fold.operands, fold.fallback, fold.projections))
+            print(xnnfold.format_explanation(Explanation.of(fold)))
     print(f"GEMMs outside delegates: {len(lowered.gemms_outside)}; delegate calls: "
           f"{lowered.delegate_calls}; .pte bytes: {lowered.pte_bytes:,}; written to {output}")
     return 0

@@ -79,7 +79,7 @@ def _child(name: str, variant: str, pte_path: str, verbose: bool) -> Lowering:
                     lowered.lower_seconds, peak, base, lowered.delegation)
 
 
-_PRELOAD = ["xnnfold.measure"]     # torch, executorch.exir and xnnfold's pass, imported once
+_PRELOAD = ["xnnfold.bench.measure"]     # torch, executorch.exir and xnnfold's pass, imported once
 
 
 def _context():

@@ -3,8 +3,8 @@ constant_prop_pass).
 
 For each model: GEMMs outside delegates, delegate calls, ops left outside delegates (executorch's
 ``get_delegation_info``), .pte bytes, max abs diff vs eager, lowering seconds and peak RSS (each
-variant lowered in a process of its own, :mod:`xnnfold.isolated`), latency on the ExecuTorch
-runtime, and where the time goes (ETDump, :func:`xnnfold.devtools.operator_times`).
+variant lowered in a process of its own, :mod:`xnnfold.bench.isolated`), latency on the ExecuTorch
+runtime, and where the time goes (ETDump, :func:`xnnfold.bench.devtools.operator_times`).
 
 Latency: all variants are loaded in this process, warmed up, then timed in rounds; every round
 runs each variant once, in an order shuffled anew (seeded), so that no variant always runs
