@@ -61,6 +61,7 @@ class FoldResult:
     canonical: list = field(default_factory=list)    # CanonicalRewrite
     probe_rounds: int = 0
     fallback: Optional[str] = None    # set when an internal failure sent us back to stock
+    modified: bool = False            # False when ``program`` is the input, untouched
 
     @property
     def folded(self) -> list:
@@ -206,6 +207,7 @@ def run(ep: ExportedProgram, probe: Optional[Probe],
     try:
         result = _split_and_fold(ep, probe, rule_set)
         check_no_growth(ep, result)
+        result.modified = result.program is not ep
         return result
     except FoldError as error:
         where, why = error.node, error.reason
