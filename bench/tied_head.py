@@ -1,0 +1,75 @@
+"""A tied output head alone: stock vs stock's flag vs xnnfold, .pte bytes and latency.
+
+    python bench/tied_head.py VOCAB EMBED TOKENS ROUNDS      # e.g. 50257 768 8 15
+
+``nn.Embedding(VOCAB, EMBED)``, a linear, and an ``nn.Linear`` head sharing the embedding's
+table (GPT-2, T5, BART write it so). Stock delegates the head with the table as a constant, so
+its .pte stores the table twice; the flag and xnnfold take it at run time. Latency: interleaved
+rounds in one process, shuffled order, medians.
+"""
+
+import random
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+from xnnfold.bench.quiet import quiet
+
+
+class TiedHead(nn.Module):
+    def __init__(self, vocab, embed):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, embed)
+        self.mix = nn.Linear(embed, embed)
+        self.head = nn.Linear(embed, vocab, bias=False)
+        self.head.weight = self.embedding.weight
+
+    def forward(self, tokens):
+        return self.head(torch.relu(self.mix(self.embedding(tokens))))
+
+
+def main(vocab=50257, embed=768, tokens=8, rounds=15):
+    # imported after quiet(): executorch prints on import
+    from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower, max_abs_diff
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = TiedHead(vocab, embed).eval()
+    inputs = (torch.randint(0, vocab, (1, tokens)),)
+    with torch.no_grad():
+        expected = model(*inputs)
+    ep = torch.export.export(model, inputs)
+    variants = {"stock": (STOCK, {}), "stock-flag": (STOCK, {
+        "force_non_static_weights_for_f32_linear": True}), "xnnfold": (XNNFOLD, {})}
+    runners, times = {}, {}
+    for name, (variant, kwargs) in variants.items():
+        lowered = lower(ep, variant, kwargs)
+        runners[name], times[name] = PteRunner(lowered.pte), []
+        print(f"{name:10s} .pte {lowered.pte_bytes:,} bytes, GEMMs outside "
+              f"{len(lowered.gemms_outside)}, max abs diff "
+              f"{max_abs_diff(runners[name].run(inputs), expected):.1e}", flush=True)
+    for runner in runners.values():
+        for _ in range(3):
+            runner.run(inputs)
+    order = random.Random(0)
+    for _ in range(rounds):
+        names = list(runners)
+        order.shuffle(names)
+        for name in names:
+            start = time.perf_counter()
+            runners[name].run(inputs)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    for name, median in medians.items():
+        print(f"{name:10s} {median:.3f} ms median of {rounds} ({median / medians['stock']:.3f} "
+              f"stock, {median / medians['stock-flag']:.3f} stock-flag)")
+
+
+if __name__ == "__main__":
+    stderr_filter = quiet()
+    try:
+        main(*(int(a) for a in sys.argv[1:]))
+    finally:
+        stderr_filter.close()
