@@ -16,7 +16,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from torch.export import ExportedProgram
 
 from . import pipeline
-from .probe import delegated_placeholders
+from .verified_probe import make_probe
 
 
 def _check_program(ep) -> None:
@@ -28,32 +28,37 @@ def _check_program(ep) -> None:
 
 def fold_gemm_params(ep: ExportedProgram,
                      partitioner: Optional[StockXnnpackPartitioner] = None,
-                     ) -> pipeline.FoldResult:
+                     verify_probe: Optional[bool] = None) -> pipeline.FoldResult:
     """Fold the computed weights and biases of ``ep``'s GEMMs into constants.
 
     Returns a :class:`~xnnfold.pipeline.FoldResult`: ``.program`` is a new ExportedProgram
     (``ep`` is not modified) to lower with ``to_edge`` + ``to_backend`` or any other path, and
     ``.operands`` says, for every GEMM weight and bias, whether it was plain, folded or declined
     and why. ``partitioner`` is the XNNPACK partitioner whose verdict the *delegated* rule asks
-    (default: a stock ``XnnpackPartitioner()``); it is not changed.
+    (default: a stock ``XnnpackPartitioner()``); it is not changed. ``verify_probe`` (default:
+    the ``XNNFOLD_VERIFY_PROBE`` environment variable) also runs the whole-program probe and
+    fails the fold on any disagreement with the fast one (a test mode: it costs a second
+    decomposition of the program).
     """
     _check_program(ep)
     partitioner = partitioner if partitioner is not None else StockXnnpackPartitioner()
-    return pipeline.run(ep, lambda program: delegated_placeholders(program, partitioner))
+    return pipeline.run(ep, make_probe(partitioner, verify_probe))
 
 
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
-    Same constructor. Use it with ``to_edge_transform_and_lower``; after a lowering,
-    ``last_result`` holds the :class:`~xnnfold.pipeline.FoldResult` of the last program.
+    Same constructor, plus ``verify_probe`` (see :func:`fold_gemm_params`). Use it with
+    ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
+    :class:`~xnnfold.pipeline.FoldResult` of the last program.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, verify_probe: Optional[bool] = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.verify_probe = verify_probe
         self.last_result: Optional[pipeline.FoldResult] = None
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram
                                         ) -> ExportedProgram:
-        self.last_result = fold_gemm_params(exported_program, self)
+        self.last_result = fold_gemm_params(exported_program, self, self.verify_probe)
         return self.last_result.program

@@ -20,8 +20,9 @@ from .projections import find_packed_projections, split_packed_projections
 
 logger = logging.getLogger("xnnfold")
 
-# A probe answers: which placeholders of this program end up in a delegate?
-Probe = Callable[[ExportedProgram], set]
+# A probe answers: which of these folded constants (fold.FoldedConstant) of this program end up
+# in a delegate? (state_dict / constants keys; see xnnfold.verified_probe)
+Probe = Callable[[ExportedProgram, list], set]
 
 # The probe can only shrink the folded set, so this bounds a loop that ends in 1-2 rounds.
 _MAX_PROBE_ROUNDS = 4
@@ -152,7 +153,8 @@ def _fold_program(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
             break
         rounds += 1
         constants = {c.source: c.name for c in folded.constants}
-        if not plan.apply_delegated_rule(groups, constants, probe(folded.program)):
+        taken = probe(folded.program, folded.constants)
+        if not plan.apply_delegated_rule(groups, constants, taken):
             break
 
     constants = {c.source: c.name for c in folded.constants} if folded else {}

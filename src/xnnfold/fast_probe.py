@@ -1,0 +1,90 @@
+"""The fast probe: XNNPACK's verdict on each folded constant, from one small program.
+
+The whole-program probe (:func:`xnnfold.probe.delegated_placeholders`) decomposes the whole
+candidate program a second time. Here each GEMM that reads a folded constant is cut out with
+what the decision depends on (:mod:`xnnfold.probe_program`), equal cuts are asked once, and the
+distinct ones, side by side in one program exported afresh (its own ShapeEnv: nothing is left
+in the caller's), go through the same ``to_edge_transform_and_lower`` with the same stock
+partitioner up to ``partition()``. The verdicts are cached by signature for the rest of the
+fold (the probe rounds and the projection-split retries ask about the same GEMMs again).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+import torch.fx
+from executorch.exir.backend.partitioner import Partitioner
+from torch.export import ExportedProgram
+
+from .gemms import gemm_spec
+from .probe import delegated_placeholders
+from .probe_program import (
+    Context,
+    ProbeUnsupported,
+    build_module,
+    cut_context,
+    param_keys,
+    signature,
+)
+
+logger = logging.getLogger("xnnfold")
+
+
+def consumer_gemms(program: ExportedProgram, constants: list) -> list:
+    """The GEMM nodes reading the folded ``constants`` (directly or through their dequantize)."""
+    nodes = {n.name: n for n in program.graph.nodes}
+    gemms: dict = {}
+    for constant in constants:
+        for name in constant.consumers:
+            node = nodes[name]
+            if gemm_spec(node) is not None:
+                gemms[node] = None
+                continue
+            for user in node.users:   # the dequantize kept in front of a quantized GEMM
+                if gemm_spec(user) is not None:
+                    gemms[user] = None
+    return list(gemms)
+
+
+class FastProbe:
+    """A probe with a verdict cache; one per fold (signatures name program symbols)."""
+
+    def __init__(self, partitioner: Partitioner):
+        self._partitioner = partitioner
+        self._verdicts: dict = {}          # signature -> indices of the externals tagged
+        self.lowerings = 0                 # probe programs lowered (for tests and benches)
+
+    def __call__(self, program: ExportedProgram, constants: list) -> set:
+        keys = param_keys(program)
+        folded = {keys[c.name] for c in constants if c.name in keys}
+        ranges = dict(program.range_constraints)
+        contexts = [(cut_context(g, keys), g) for g in consumer_gemms(program, constants)]
+        signed = [(context, signature(context, ranges)) for context, _ in contexts]
+        pending: dict = {}
+        for context, sig in signed:
+            if sig not in self._verdicts and sig not in pending:
+                pending[sig] = context
+        if pending:
+            self._ask(list(pending.items()), ranges)
+        taken = set()
+        for context, sig in signed:
+            for index in self._verdicts[sig]:
+                key = context.externals[index].key
+                if key in folded:
+                    taken.add(key)
+        return taken
+
+    def _ask(self, pending: list, ranges: dict) -> None:
+        probe = build_module([context for _, context in pending], ranges)
+        exported = torch.export.export(probe.module, probe.inputs,
+                                       dynamic_shapes=probe.dynamic_shapes, strict=False)
+        self.lowerings += 1
+        tagged = delegated_placeholders(exported, self._partitioner)
+        verdicts = {sig: set() for sig, _ in pending}
+        for buffer, (c_index, e_index) in probe.slots.items():
+            if buffer in tagged:
+                verdicts[pending[c_index][0]].add(e_index)
+        self._verdicts.update(verdicts)
