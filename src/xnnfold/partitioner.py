@@ -8,6 +8,7 @@ params and must leave the graph as it is.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
@@ -16,7 +17,12 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from torch.export import ExportedProgram
 
 from . import pipeline
+from .fold import copy_program
+from .shape_env import give_own_shape_env, has_unbacked_symbols
 from .verified_probe import make_probe
+
+
+logger = logging.getLogger("xnnfold")
 
 
 def _check_program(ep) -> None:
@@ -42,7 +48,26 @@ def fold_gemm_params(ep: ExportedProgram,
     """
     _check_program(ep)
     partitioner = partitioner if partitioner is not None else StockXnnpackPartitioner()
-    return pipeline.run(ep, make_probe(partitioner, verify_probe))
+    result = pipeline.run(ep, make_probe(partitioner, verify_probe))
+    _isolate(ep, result)
+    return result
+
+
+def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
+    """Give the program to lower a ShapeEnv of its own when it has data-dependent sizes: the
+    lowering leaves unbound symbols in its ShapeEnv (see :mod:`xnnfold.shape_env`), which would
+    make the next lowering of ``ep`` raise."""
+    if not has_unbacked_symbols(result.program):
+        return
+    try:
+        program = result.program if result.program is not ep else copy_program(ep)
+        give_own_shape_env(program)
+    except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
+        logger.warning("xnnfold: could not give the program its own ShapeEnv (%s: %s); "
+                       "lowering it leaves unbound symbols in the caller's program, as a "
+                       "stock lowering does", type(error).__name__, error)
+        return
+    result.program = program
 
 
 class XnnpackPartitioner(StockXnnpackPartitioner):

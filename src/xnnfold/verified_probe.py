@@ -16,8 +16,10 @@ from torch.export import ExportedProgram
 
 from .errors import FoldError
 from .fast_probe import FastProbe, consumer_gemms
+from .fold import copy_program
 from .probe import delegated_placeholders
 from .probe_program import ProbeUnsupported, param_keys
+from .shape_env import give_own_shape_env, has_unbacked_symbols, pending_symbols_restored
 
 logger = logging.getLogger("xnnfold")
 
@@ -38,7 +40,15 @@ def whole_program_probe(partitioner: Partitioner) -> Probe:
     def probe(program: ExportedProgram, constants: list) -> set:
         keys = param_keys(program)
         folded = {keys[c.name] for c in constants if c.name in keys}
-        return delegated_placeholders(program, partitioner) & folded
+        # Its aborted lowering must leave nothing in the ShapeEnv the program shares with the
+        # caller's: it lowers a copy with a ShapeEnv of its own (and, should that copy still
+        # share it, the pending symbols are put back as they were).
+        probed = program
+        if has_unbacked_symbols(program):
+            probed = copy_program(program)
+            give_own_shape_env(probed)
+        with pending_symbols_restored(program):
+            return delegated_placeholders(probed, partitioner) & folded
     return probe
 
 
