@@ -7,6 +7,16 @@ distinct ones, side by side in one program exported afresh (its own ShapeEnv: no
 in the caller's), go through the same ``to_edge_transform_and_lower`` with the same stock
 partitioner up to ``partition()``. The verdicts are cached by signature for the rest of the
 fold (the probe rounds and the projection-split retries ask about the same GEMMs again).
+
+Most GEMMs need not even be lowered: ``to_edge_transform_and_lower`` keeps an ``aten.linear``
+whole only where the partitioner's ``ops_to_not_decompose`` filter (its LinearConfig's own
+``check_constraints``) accepts it, on the undecomposed program, and partitions it with that
+config's ``get_partition`` (node and deps). For a linear that filter accepts, the probe asks the
+same two methods on the exported probe program and reads the deps. Only the other GEMMs (a
+linear the filter declines, which may still be taken after decomposition as an ``addmm``;
+convolutions, ``matmul``, ``addmm``) make the probe program go through the lowering, and then
+the lowering's tags answer for every context. The verification mode checks both paths against
+the whole-program probe.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from torch.export import ExportedProgram
 from .gemms import gemm_spec
 from .probe import delegated_placeholders
 from .probe_program import (
+    PROBE_GEMM,
     Context,
     ProbeUnsupported,
     build_module,
@@ -56,6 +67,7 @@ class FastProbe:
         self._partitioner = partitioner
         self._verdicts: dict = {}          # signature -> indices of the externals tagged
         self.lowerings = 0                 # probe programs lowered (for tests and benches)
+        self.exports = 0                   # probe programs built and exported
 
     def __call__(self, program: ExportedProgram, constants: list) -> set:
         keys = param_keys(program)
@@ -81,10 +93,35 @@ class FastProbe:
         probe = build_module([context for _, context in pending], ranges)
         exported = torch.export.export(probe.module, probe.inputs,
                                        dynamic_shapes=probe.dynamic_shapes, strict=False)
-        self.lowerings += 1
-        tagged = delegated_placeholders(exported, self._partitioner)
-        verdicts = {sig: set() for sig, _ in pending}
-        for buffer, (c_index, e_index) in probe.slots.items():
-            if buffer in tagged:
-                verdicts[pending[c_index][0]].add(e_index)
-        self._verdicts.update(verdicts)
+        self.exports += 1
+        kept = self._kept_linears(exported, probe, [context for _, context in pending])
+        if len(kept) < len(pending):
+            self.lowerings += 1
+            tagged = delegated_placeholders(exported, self._partitioner)
+            kept = {index: set() for index in range(len(pending))}
+            for buffer, (c_index, e_index) in probe.slots.items():
+                if buffer in tagged:
+                    kept[c_index].add(e_index)
+        for index, (sig, _) in enumerate(pending):
+            self._verdicts[sig] = kept[index]
+
+    def _kept_linears(self, exported: ExportedProgram, probe, contexts: list) -> dict:
+        """Context index -> externals in the deps, for each probe linear that the partitioner's
+        ``ops_to_not_decompose`` filter keeps whole (and so partitions with its config)."""
+        _, keeps_whole = self._partitioner.ops_to_not_decompose(exported)
+        configs = getattr(self._partitioner, "target_partitioner_configs", {})
+        config = configs.get("linear.default")
+        if keeps_whole is None or config is None:
+            return {}
+        buffers = {s.arg.name: s.target for s in exported.graph_signature.input_specs}
+        kept = {}
+        for node in exported.graph.nodes:
+            index = node.meta.get("custom", {}).get(PROBE_GEMM)
+            if index is None or node.target is not torch.ops.aten.linear.default:
+                continue
+            if not keeps_whole(node):
+                continue
+            deps = {buffers.get(n.name) for n in config.get_partition(node, exported)
+                    if n.op == "placeholder"}
+            kept[index] = {probe.slots[b][1] for b in deps if b in probe.slots}
+        return kept

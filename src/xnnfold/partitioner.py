@@ -9,6 +9,7 @@ params and must leave the graph as it is.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Optional
 
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
@@ -82,8 +83,15 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
         super().__init__(*args, **kwargs)
         self.verify_probe = verify_probe
         self.last_result: Optional[pipeline.FoldResult] = None
+        self._last_source = None   # weak reference to the program last_result was folded from
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram
                                         ) -> ExportedProgram:
         self.last_result = fold_gemm_params(exported_program, self, self.verify_probe)
+        self._last_source = weakref.ref(exported_program)
         return self.last_result.program
+
+    def result_for(self, exported_program: ExportedProgram) -> Optional[pipeline.FoldResult]:
+        """``last_result`` if it was folded from ``exported_program`` (the same object)."""
+        source = self._last_source() if self._last_source is not None else None
+        return self.last_result if source is exported_program else None

@@ -31,6 +31,9 @@ from torch.export.graph_signature import InputKind
 
 from .gemms import op_name
 
+# The meta key (inside "custom", which export carries over) naming a probe GEMM's context.
+PROBE_GEMM = "xnnfold_probe_gemm"
+
 # Ops whose presence around a GEMM changes XNNPACK's verdict on it, matched by name so that
 # the quantized_decomposed, torchao and aten spellings are all covered.
 _PATTERN_HINTS = ("quantize_per", "dequantize_per", "quantize_affine", "dequantize_affine",
@@ -317,6 +320,8 @@ def build_module(contexts: list, ranges: dict) -> ProbeModule:
         for node in context.nodes:
             copied = graph.node_copy(node, lambda n: env[n])
             copied.meta = _renamed_source(node.meta, f"probe{c_index}_")
+            if node is context.gemm:
+                copied.meta["custom"] = {**copied.meta.get("custom", {}), PROBE_GEMM: c_index}
             env[node] = copied
         for node in context.nodes:
             leaves_context = any(u not in inside for u in node.users) or not node.users
