@@ -13,7 +13,6 @@ retraces everything. Only programs with unbacked symbols need it; others are lef
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
@@ -47,19 +46,6 @@ def has_unbacked_symbols(program: ExportedProgram) -> bool:
                for v in values):
             return True
     return False
-
-
-@contextlib.contextmanager
-def pending_symbols_restored(program: ExportedProgram):
-    """Whatever runs inside leaves ``program``'s ShapeEnv with the pending unbacked symbols it
-    had before (none, for an exported program)."""
-    env = shape_env_of(program)
-    before = list(env.pending_fresh_unbacked_symbols) if env is not None else None
-    try:
-        yield
-    finally:
-        if env is not None:
-            env.pending_fresh_unbacked_symbols[:] = before
 
 
 def give_own_shape_env(program: ExportedProgram) -> None:
