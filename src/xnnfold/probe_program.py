@@ -213,6 +213,13 @@ class ProbeModule:
     slots: dict            # probe buffer name -> (context index, external index)
 
 
+def _is_tensors(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(
+        isinstance(v, torch.Tensor) for v in value)
+
+
 def _example(value: torch.Tensor, shape: tuple) -> torch.Tensor:
     # Never read: the partitioner sees fake tensors. torch.empty commits no pages.
     return torch.empty(shape, dtype=value.dtype)
@@ -324,8 +331,10 @@ def build_module(contexts: list, ranges: dict) -> ProbeModule:
                 copied.meta["custom"] = {**copied.meta.get("custom", {}), PROBE_GEMM: c_index}
             env[node] = copied
         for node in context.nodes:
+            # Every value read outside the context is an output, so that export's dead-code
+            # elimination keeps each user (a GEMM's number of users is part of the decision).
             leaves_context = any(u not in inside for u in node.users) or not node.users
-            if leaves_context and isinstance(node.meta.get("val"), torch.Tensor):
+            if leaves_context and _is_tensors(node.meta.get("val")):
                 outputs.append(env[node])
     graph.output(tuple(outputs))
     module = torch.fx.GraphModule(root, graph)
