@@ -203,18 +203,23 @@ def _run_and_compare(lowered, model, x):
     assert max_abs_diff(outputs, expected) <= 1e-5
 
 
-def test_data_dependent_program_lowers_with_xnnfold_then_stock():
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static rows", "dynamic rows"])
+def test_data_dependent_program_lowers_with_xnnfold_then_stock(dynamic):
     torch.manual_seed(0)
     model, x = MaskedAndWeightNorm().eval(), torch.randn(4, K)
-    ep = torch.export.export(model, (x,))
+    shapes = ({0: torch.export.Dim("rows", min=2, max=32)},) if dynamic else None
+    ep = torch.export.export(model, (x,), dynamic_shapes=shapes)
+    others = [x, torch.randn(11, K)] if dynamic else [x]
     folded = lower(ep, XNNFOLD)       # verification on (conftest): both probes ran
     assert folded.fold.fallback is None and len(folded.fold.folded) == 1
     assert folded.gemms_outside == []
-    _run_and_compare(folded, model, x)
+    for inputs in others:
+        _run_and_compare(folded, model, inputs)
     again = lower(ep, XNNFOLD)
     assert again.fold.fallback is None
     stock = lower(ep, STOCK)          # the caller's program is still lowerable
-    _run_and_compare(stock, model, x)
+    for inputs in others:
+        _run_and_compare(stock, model, inputs)
 
 
 def test_own_shape_env_is_load_bearing(monkeypatch):
