@@ -21,16 +21,12 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import DELEGATE_BYTES_PER_CONSTANT, check_lowering
+from conftest import DELEGATE_BYTES_PER_CONSTANT, DELEGATE_BYTES_PER_GEMM, check_lowering
 
-# A GEMM moved from portable into a delegate costs XNNPACK's node and value entries, whatever
-# the tensor sizes (measured for a 2x2 linear: +120 bytes, +248 with a dynamic dim); tensor
-# storage is checked exactly.
-DELEGATE_BYTES_PER_GEMM = 384
-
-CHAIN_OPS = ["mul", "add_param", "t_t", "permute", "view", "cast", "cast_half", "slice_cat"]
-CONSUMERS = ["linear", "addmm", "mm", "conv1d", "static_linear", "non_gemm"]
-SPLITS = ["none", "split", "split_with_sizes", "chunk", "unbind", "projection"]
+CHAIN_OPS = ["mul", "add_param", "t_t", "permute", "view", "cast", "cast_half", "slice_cat",
+             "same_cast"]
+CONSUMERS = ["linear", "addmm", "mm", "conv1d", "static_linear", "tied_head", "non_gemm"]
+SPLITS = ["none", "split", "split_with_sizes", "chunk", "unbind", "projection", "separate"]
 
 
 class Generated(nn.Module):
@@ -44,11 +40,15 @@ class Generated(nn.Module):
         self.other = nn.Parameter(torch.randn(parts * n if projection else n, k))
         self.bias = nn.Parameter(torch.randn(parts * n if projection else n))
         self.table = nn.Parameter(torch.randn(3, k))    # a learned table: a GEMM of static inputs
+        # "separate": one plain param per part (chains of no-op casts leave them plain)
+        self.separate = nn.ParameterList([nn.Parameter(torch.randn(n, k)) for _ in range(parts)])
 
     def _parts(self):
         split, parts, n = self.spec["split"], self.spec["parts"], self.spec["n"]
         if split == "none":
             return [self.packed[i * n:(i + 1) * n] for i in range(parts)]
+        if split == "separate":
+            return list(self.separate)
         if split == "split":
             return list(self.packed.split(n))
         if split == "split_with_sizes":
@@ -75,6 +75,8 @@ class Generated(nn.Module):
                 w = w.half().float()
             elif op == "slice_cat":
                 w = torch.cat([w[:1], w[1:]])
+            elif op == "same_cast":    # the mixed-precision idiom, a no-op in fp32
+                w = w.to(torch.float32)
         return w
 
     def _projection(self, x):
@@ -93,6 +95,8 @@ class Generated(nn.Module):
     def forward(self, x):
         if self.spec["split"] == "projection":
             return self._projection(x)
+        if self.spec["masked"]:        # a data-dependent number of rows (an unbacked size)
+            x = x[x[:, 0] > -10.0]
         outputs = []
         for w, ops, consumer in zip(self._parts(), self.spec["chains"], self.spec["consumers"]):
             w = self._chain(w, ops)
@@ -104,6 +108,10 @@ class Generated(nn.Module):
                 y = x @ w.t()
             elif consumer == "conv1d":
                 y = F.conv1d(x.t().unsqueeze(0), w.unsqueeze(-1)).squeeze(0).t()
+            elif consumer == "tied_head":
+                # the same table read by a lookup and, transposed, by an output head
+                outputs.append(F.embedding(torch.tensor([1, 0]), w))
+                y = x @ w.t()
             elif consumer == "static_linear":
                 # No bias: a param shared by GEMMs in two delegates is stored once per delegate
                 # (XNNPACK copies its constants), as stock does with plain params.
@@ -128,6 +136,7 @@ def specs(draw):
         "consumers": [draw(st.sampled_from(CONSUMERS)) for _ in range(parts)],
         "portable_between": draw(st.booleans()),
         "dynamic": draw(st.booleans()),
+        "masked": draw(st.integers(0, 5)) == 0,
         "seed": draw(st.integers(0, 1000)),
     }
 

@@ -169,6 +169,56 @@ def is_metadata_assertion(node: torch.fx.Node) -> bool:
         node.target is torch.ops.aten._assert_tensor_metadata.default
 
 
+def _is_identity(node: torch.fx.Node) -> bool:
+    """True if ``node``'s op, on its input, decomposes to that very input.
+
+    Asked of the op's own CompositeImplicitAutograd kernel on a meta tensor of the input's
+    shape, strides and dtype: a same-dtype ``to``, ``type_as``, ``contiguous`` of a contiguous
+    tensor, a no-op ``flatten``. Decomposition then hands the GEMM the param itself, and stock
+    delegates it; ``alias``, ``detach``, ``view``, ``clone`` have kernels of their own and stay.
+    """
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or not node.args or \
+            not isinstance(node.args[0], torch.fx.Node) or \
+            not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(),
+                                                               "CompositeImplicitAutograd"):
+        return False
+    probe = _meta_like(node.args[0])
+    if probe is None:
+        return False
+    # Other tensor arguments (``type_as``'s reference) count for their dtype.
+    args, kwargs = torch.fx.node.map_arg(
+        (node.args[1:], node.kwargs), lambda n: _meta_like(n, concrete=False))
+    try:
+        return op.decompose(probe, *args, **kwargs) is probe
+    except Exception:  # noqa: BLE001 - an op that cannot run on meta is no identity
+        return False
+
+
+def _meta_like(node: torch.fx.Node, concrete: bool = True) -> Optional[torch.Tensor]:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    if _has_symbols(val):
+        if concrete:
+            return None
+        return torch.empty((1,) * val.dim(), dtype=val.dtype, device="meta")
+    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
+
+
+def removed_by_decomposition(node: torch.fx.Node) -> Optional[list]:
+    """The chain of identity ops from a param to ``node``, if that is all ``node`` is.
+
+    The ops may read other tensors, user inputs included (``w.type_as(x)``): only the
+    param's value reaches the GEMM.
+    """
+    chain = []
+    while node.op == "call_function" and _is_identity(node):
+        chain.append(node)
+        node = node.args[0]
+    return list(reversed(chain)) if chain and node.op == "placeholder" else None
+
+
 def is_dequantize(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and any(
         name in op_name(node.target) for name in _DEQUANTIZE_NAMES)
@@ -209,6 +259,11 @@ def _classify(gemm, kind, role, arg, facts) -> Operand:
         culprit, reason = (None, None) if status == "plain" else (
             target_node.name, "is a user input or mutable buffer")
         return Operand(gemm, kind, role, arg, status, culprit, reason)
+    removed = removed_by_decomposition(target_node)
+    if removed is not None and removed[0].args[0].name in facts.static:
+        return Operand(gemm, kind, role, arg, "plain", removed[-1].name,
+                       f"{', '.join(op_name(n.target) for n in removed)} on a param is removed "
+                       "by decomposition: stock delegates it as is")
     if target_node.name not in facts.static:
         culprit, reason = facts.why_not_static.get(target_node.name,
                                                    (target_node.name, "is not static"))

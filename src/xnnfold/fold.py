@@ -128,7 +128,15 @@ def apply_folds(ep: ExportedProgram, facts: ProgramFacts, members: list) -> Fold
     targets = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
                **signature.inputs_to_lifted_tensor_constants}
     for node in [n for n in graph.nodes if n.op == "placeholder"]:
-        if not node.users and users_before.get(node.name, 0) > 0 and node.name in targets:
+        if node.name not in targets or len(node.users) >= users_before.get(node.name, 0):
+            continue   # not a param, or the fold took none of its users
+        # ``.to()`` asserts the metadata of the *param* it casts: once the cast is folded, the
+        # assertion is all that keeps the param alive. It holds by construction on a value
+        # that never changes, so it goes with the param (as plan.freed_nodes counts it).
+        if node.users and all(is_metadata_assertion(u) for u in node.users):
+            for assertion in list(node.users):
+                graph.erase_node(assertion)
+        if not node.users:
             folded.freed_params.append(targets[node.name])
             delete_constant_placeholder(program, node)
 

@@ -19,9 +19,9 @@ from torch.export import ExportedProgram
 
 from . import pipeline
 from .fold import copy_program
+from .runtime_weight import open_runtime_weight_path
 from .shape_env import give_own_shape_env, has_unbacked_symbols
 from .verified_probe import make_probe
-
 
 logger = logging.getLogger("xnnfold")
 
@@ -77,10 +77,13 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     Same constructor, plus ``verify_probe`` (see :func:`fold_gemm_params`). Use it with
     ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
     :class:`~xnnfold.pipeline.FoldResult` of the last program.
+    Its linear configs also take the GEMMs the fold marks (a weight that cannot be a
+    constant) with their weight as a run-time input; see :mod:`xnnfold.runtime_weight`.
     """
 
     def __init__(self, *args, verify_probe: Optional[bool] = None, **kwargs):
         super().__init__(*args, **kwargs)
+        open_runtime_weight_path(self)
         self.verify_probe = verify_probe
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from

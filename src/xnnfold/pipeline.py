@@ -10,10 +10,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
 
 from . import plan
 from .analysis import find_operands, find_static
+from .canonical import canonicalize, rewritable
+from .runtime_weight import mark_runtime_weights
 from .errors import FoldError
 from .fold import apply_folds, copy_program
 from .projections import find_packed_projections, split_packed_projections
@@ -40,6 +44,10 @@ class GemmOperand:
     node: Optional[str] = None        # for declined: the node that broke it
     reason: Optional[str] = None
     constant: Optional[str] = None    # for folded: the constant's name
+    # for folded: False when XNNPACK does not take the GEMM; its part was folded with the rest
+    # of its group so that the packed param is freed, and the GEMM reads it on portable
+    delegated: Optional[bool] = None
+    runtime_weight: bool = False      # delegated with its weight as a run-time input
 
 
 @dataclass
@@ -51,6 +59,7 @@ class FoldResult:
     constants: list = field(default_factory=list)     # FoldedConstant
     freed_params: list = field(default_factory=list)
     projections: list = field(default_factory=list)  # PackedProjection, split or kept
+    canonical: list = field(default_factory=list)    # CanonicalRewrite
     probe_rounds: int = 0
     fallback: Optional[str] = None    # set when an internal failure sent us back to stock
 
@@ -72,7 +81,7 @@ def _describe(operands: list, groups: list, constants: dict) -> list:
     members = {t.key: m for g in groups for m in g.members for t in m.targets}
     described = []
     for op in operands:
-        row = GemmOperand(op.gemm.name, op.kind, op.role, "plain")
+        row = GemmOperand(op.gemm.name, op.kind, op.role, "plain", reason=op.reason)
         if op.status == "dynamic":
             row.status, row.rule, row.node = "declined", "static", op.culprit
             row.reason = f"computed from {op.culprit}, which {op.reason}"
@@ -80,6 +89,11 @@ def _describe(operands: list, groups: list, constants: dict) -> list:
             member = members[op.target.key]
             if member.decline is None:
                 row.status, row.constant = "folded", constants.get(member.name)
+                row.delegated = member.delegated
+                if member.delegated is False:
+                    row.reason = (f"XNNPACK does not take {op.gemm.name}; its part is folded "
+                                  "with the rest of its group, which frees the packed param, "
+                                  "and read on portable")
             else:
                 row.status = "declined"
                 row.rule, row.node = member.decline.rule, member.decline.node
@@ -103,6 +117,8 @@ def unfolded_part(site, rows: dict) -> Optional[str]:
             if row is not None and row.status != "folded":
                 return f"{row.gemm}.{row.role} was {row.status}" + (
                     f" by rule '{row.rule}' ({row.reason})" if row.rule else "")
+            if row is not None and row.delegated is False:
+                return f"XNNPACK does not take {row.gemm}"
     return None
 
 
@@ -111,11 +127,16 @@ def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
 
     Each site thus ends either fully split, folded and delegated, or exactly as it was.
     """
-    sites, kept = find_packed_projections(find_static(ep)), []
+    base, facts, rewrites = ep, find_static(ep), []
+    if rewritable(ep, facts.static):
+        base = copy_program(ep)
+        rewrites = canonicalize(base, facts.static)
+        facts = find_static(base)
+    sites, kept = find_packed_projections(facts), []
     while True:
-        program = ep
+        program = base
         if sites:
-            program = copy_program(ep)
+            program = copy_program(base)
             split_packed_projections(program, sites)
         result = _fold_program(program, probe)
         rows = {(row.gemm, row.role): row for row in result.operands}
@@ -132,7 +153,8 @@ def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
     for site in kept:
         site.part_linears = {}
     result.projections = sites + kept
-    return result
+    result.canonical = rewrites
+    return mark_runtime_weights(ep, result)
 
 
 def _fold_program(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
@@ -165,10 +187,34 @@ def _fold_program(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
     return result
 
 
+def stored_bytes(ep: ExportedProgram) -> int:
+    """Bytes of the params, buffers and lifted constants ``ep``'s signature lists."""
+    tensors = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+            if isinstance(value, torch.Tensor):
+                tensors[spec.target] = value.numel() * value.element_size()
+    return sum(tensors.values())
+
+
+def check_no_growth(ep: ExportedProgram, result: FoldResult) -> None:
+    """The promise that the .pte never grows, kept by the result rather than by the rules:
+    whatever the rules missed, a fold that stores more than the input is not returned."""
+    if result.program is ep:
+        return
+    before, after = stored_bytes(ep), stored_bytes(result.program)
+    if after > before:
+        raise FoldError("<program>", f"the folded program would store {after:,} bytes of "
+                                     f"params and constants, more than the input's {before:,}")
+
+
 def run(ep: ExportedProgram, probe: Optional[Probe]) -> FoldResult:
     """Fold what the rules allow; on any internal failure, warn once and return ``ep``."""
     try:
-        return _fold_and_probe(ep, probe)
+        result = _fold_and_probe(ep, probe)
+        check_no_growth(ep, result)
+        return result
     except FoldError as error:
         where, why = error.node, error.reason
     except Exception as error:  # noqa: BLE001 - never fail a lowering stock would pass

@@ -37,6 +37,7 @@ class FoldNode:
     targets: list                            # the FoldTargets (operands) it serves
     cone: list                               # static call_function nodes, graph order
     decline: Optional[Decline] = None
+    delegated: Optional[bool] = None         # set by the probe: does XNNPACK take its GEMM?
 
     @property
     def name(self) -> str:
@@ -167,19 +168,22 @@ def rule_size(group: Group, facts: ProgramFacts) -> Optional[Decline]:
                    "params (a param stays alive for another user)")
 
 
-def rule_delegated(member: FoldNode, constant: str, taken: set) -> Optional[Decline]:
-    """Fold only for GEMMs that XNNPACK then takes.
+def rule_delegated(group: Group) -> Optional[Decline]:
+    """Fold a group only if XNNPACK then takes at least one of its GEMMs.
 
-    Prevents moving work off a path stock leaves alone: a GEMM XNNPACK declines anyway (dtype,
-    precision, dynamic shape, rank, conv kind) would get a new constant and its group's params
-    would be stored twice, with no gain. Decided on the real partitioner's tags.
+    Prevents moving work off a path stock leaves alone: GEMMs XNNPACK declines anyway (dtype,
+    precision, dynamic shape, rank, conv kind) would gain nothing, and what stays on portable
+    stays exactly as stock leaves it. A group of which XNNPACK takes *some* GEMMs is folded
+    whole: the size rule has checked that folding every part frees the packed param, and the
+    GEMMs XNNPACK declines read their constant part on portable. Decided on the real
+    partitioner's tags (``member.delegated``).
     """
-    if constant in taken:
+    if any(m.delegated for m in group.members):
         return None
-    gemm = member.targets[0].gemm
+    gemm = group.members[0].targets[0].gemm
     return Decline("delegated", gemm.name,
                    f"XNNPACK does not take {gemm.name} even with a constant "
-                   f"{member.targets[0].role}")
+                   f"{group.members[0].targets[0].role}")
 
 
 def rule_whole_group(group: Group) -> None:
@@ -223,14 +227,16 @@ def apply_static_rules(groups: list, facts: ProgramFacts) -> None:
 
 
 def apply_delegated_rule(groups: list, constants: dict, taken: set) -> bool:
-    """Decline members whose constant XNNPACK did not take; True if anything changed."""
+    """Decline the groups of which XNNPACK takes no GEMM; True if anything changed."""
     changed = False
     for group in groups:
         if group.declined:
             continue
         for member in group.members:
-            member.decline = rule_delegated(member, constants[member.name], taken)
-            changed |= member.decline is not None
-        for close in GROUP_CLOSURE:
-            close(group)
+            member.delegated = constants[member.name] in taken
+        decline = rule_delegated(group)
+        if decline is not None:
+            for member in group.members:
+                member.decline = decline
+            changed = True
     return changed

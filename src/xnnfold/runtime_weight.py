@@ -1,0 +1,176 @@
+"""Runtime-weight delegation, per GEMM: a linear whose weight cannot be a constant.
+
+Some fp32 linears cannot get a plain constant weight: the fold was declined (folding would
+store more than it frees, as for a tied embedding used transposed as the output head), or the
+weight is computed from an input. Stock leaves them on portable. executorch 1.5.1 has a config
+path for exactly this: with ``force_non_static_weights_for_f32_linear`` the GEMM configs take a
+linear with its weight (and bias) as run-time inputs of the delegate, which XNNPACK packs on
+every call. The flag does it for *every* fp32 linear, repacking weights that could have been
+packed once; here the same path is opened for the marked GEMMs only.
+
+A GEMM is marked through ``node.meta["custom"]``, which ``run_decompositions`` and ``to_edge``
+carry to the nodes the GEMM becomes, so the partitioner's configs recognise it in the Edge
+program. The configs are wrapped per partitioner instance; executorch itself is not patched.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+import torch.fx
+from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
+
+from .analysis import is_dequantize, is_metadata_assertion, removed_by_decomposition
+from .fold import copy_program
+
+aten = torch.ops.aten
+
+MARK = "xnnfold_runtime_weight"
+_WRAPPED_TARGETS = ("linear.default", "addmm.default", "mm.default")
+# Declines after which the weight is still computed on every call: as a delegate input it
+# costs a repack instead of a portable GEMM. ("delegated": XNNPACK declines the GEMM itself.)
+_RUNTIME_RULES = ("static", "size", "whole-group", "exact")
+
+
+def is_marked(node: torch.fx.Node) -> bool:
+    return bool(node.meta.get("custom", {}).get(MARK))
+
+
+@functools.cache
+def runtime_weight_config(base: type) -> type:
+    """``base`` (a GEMM config class) taking a marked fp32 GEMM's weight and bias at run time,
+    as ``force_non_static_weights_for_f32_linear`` does for all of them."""
+
+    class RuntimeWeight(base):
+        def _get_weight_deps(self, node, ep, precision):
+            if precision == ConfigPrecisionType.FP32 and is_marked(node):
+                return True, []
+            return super()._get_weight_deps(node, ep, precision)
+
+        def _get_bias_deps(self, node, ep, precision):
+            if precision == ConfigPrecisionType.FP32 and is_marked(node):
+                return True, []
+            return super()._get_bias_deps(node, ep, precision)
+
+    RuntimeWeight.__name__ = RuntimeWeight.__qualname__ = f"RuntimeWeight{base.__name__}"
+    return RuntimeWeight
+
+
+def open_runtime_weight_path(partitioner) -> None:
+    """Wrap ``partitioner``'s own linear/addmm/mm configs (this instance only)."""
+    configs = getattr(partitioner, "target_partitioner_configs", {})
+    for target in _WRAPPED_TARGETS:
+        config = configs.get(target)
+        if config is not None:
+            config.__class__ = runtime_weight_config(type(config))
+
+
+def _fp32_matrix(node) -> bool:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.float32 and \
+        all(isinstance(s, int) for s in val.shape) and not is_dequantize(node)
+
+
+def _needs_runtime_weight(gemm: torch.fx.Node, rows: list, canonical: set) -> Optional[str]:
+    """Why ``gemm`` should take its weight at run time, or None."""
+    if gemm.target is not torch.ops.aten.linear.default or len(gemm.args) < 2:
+        return None
+    x, weight = gemm.args[0], gemm.args[1]
+    if not (_fp32_matrix(weight) and weight.meta["val"].dim() == 2) or \
+            not isinstance(x, torch.fx.Node) or x.meta.get("val") is None or \
+            x.meta["val"].dtype != torch.float32 or is_dequantize(x):
+        return None
+    declined = [r for r in rows if r.status == "declined" and r.rule in _RUNTIME_RULES]
+    if declined:
+        return f"its {declined[0].role} is declined by rule '{declined[0].rule}'"
+    # The param behind no-op casts (``W.to(x.dtype)``), which decomposition removes.
+    chain = removed_by_decomposition(weight) or []
+    param = chain[0].args[0] if chain else weight
+    others = [u for u in param.users if u not in chain and not is_metadata_assertion(u) and (
+        u.target is not aten.linear.default or len(u.args) < 2 or u.args[1] is not param)]
+    if gemm.name in canonical and param.op == "placeholder" and others:
+        # A param also read by a non-GEMM op (a tied embedding's lookup): as a delegate
+        # constant it would be stored twice, once in the delegate and once for that op.
+        return f"{param.name} is also read by {others[0].name}"
+    return None
+
+
+def _static_shape(node) -> Optional[tuple]:
+    val = node.meta.get("val")
+    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+    return shape if shape is not None and all(isinstance(s, int) for s in shape) else None
+
+
+def _call(graph, target, args, name):
+    node = graph.create_node("call_function", target, args, name=name)
+    node.meta["val"] = target(*torch.fx.node.map_arg(args, lambda n: n.meta["val"]))
+    return node
+
+
+def swap_if_smaller(graph: torch.fx.Graph, gemm: torch.fx.Node) -> bool:
+    """Rewrite ``linear(x, W[, b])`` as ``linear(W, x).t() [+ b]`` when ``x`` is the smaller.
+
+    A run-time weight is packed on every call. ``x @ W.T`` is ``(W @ x.T).T``: with the
+    operands swapped, the one packed is the activation (a few rows) and ``W`` is read as it is
+    — for a tied head, 8 rows against a 51,865-row table. Static shapes only.
+    """
+    x, weight = gemm.args[0], gemm.args[1]
+    bias = gemm.args[2] if len(gemm.args) > 2 else None
+    x_shape, w_shape, out_shape = _static_shape(x), _static_shape(weight), _static_shape(gemm)
+    if None in (x_shape, w_shape, out_shape) or len(x_shape) == 0 or \
+            math.prod(x_shape) >= math.prod(w_shape):
+        return False
+    users = list(gemm.users)
+    rows = x
+    with graph.inserting_before(gemm):
+        if len(x_shape) != 2:
+            rows = _call(graph, aten.reshape.default, (x, [-1, w_shape[1]]), f"{gemm.name}_rows")
+    gemm.args = (weight, rows)
+    gemm.meta["val"] = aten.linear.default(weight.meta["val"], rows.meta["val"])
+    with graph.inserting_after(gemm):
+        out = _call(graph, aten.permute.default, (gemm, [1, 0]), f"{gemm.name}_swapped_back")
+    if bias is not None:
+        with graph.inserting_after(out):
+            out = _call(graph, aten.add.Tensor, (out, bias), f"{gemm.name}_bias")
+    if len(out_shape) != 2:
+        with graph.inserting_after(out):
+            out = _call(graph, aten.reshape.default, (out, list(out_shape)), f"{gemm.name}_out")
+    for user in users:
+        user.replace_input_with(gemm, out)
+    return True
+
+
+def mark_runtime_weights(ep, result):
+    """Mark the GEMMs of ``result.program`` to delegate with a run-time weight; rows say so.
+
+    ``result.program`` is copied first where it is still the caller's ``ep``.
+    """
+    by_gemm: dict = {}
+    for row in result.operands:
+        by_gemm.setdefault(row.gemm, []).append(row)
+    canonical = {r.gemm for r in result.canonical}
+    nodes = {n.name: n for n in result.program.graph.nodes}
+    marked = {name: why for name, rows in by_gemm.items() if name in nodes
+              and (why := _needs_runtime_weight(nodes[name], rows, canonical)) is not None}
+    if not marked:
+        return result
+    if result.program is ep:
+        result.program = copy_program(ep)
+        nodes = {n.name: n for n in result.program.graph.nodes}
+    graph = result.program.graph
+    for name, why in marked.items():
+        node = nodes[name]
+        # a new dict: a copied program shares its nodes' meta values with the caller's
+        node.meta["custom"] = {**node.meta.get("custom", {}), MARK: True}
+        if swap_if_smaller(graph, node):
+            why += "; operands swapped, so that the activation is packed and the weight read"
+        for row in by_gemm[name]:
+            row.runtime_weight = True
+            row.reason = f"{row.reason + '; ' if row.reason else ''}delegated with a runtime " \
+                         f"weight: {why}"
+    graph.lint()
+    result.program.graph_module.recompile()
+    return result
