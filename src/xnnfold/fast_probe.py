@@ -11,12 +11,13 @@ fold (the probe rounds and the projection-split retries ask about the same GEMMs
 Most GEMMs need not even be lowered: ``to_edge_transform_and_lower`` keeps an ``aten.linear``
 whole only where the partitioner's ``ops_to_not_decompose`` filter (its LinearConfig's own
 ``check_constraints``) accepts it, on the undecomposed program, and partitions it with that
-config's ``get_partition`` (node and deps). For a linear that filter accepts, the probe asks the
-same two methods on the exported probe program and reads the deps. Only the other GEMMs (a
-linear the filter declines, which may still be taken after decomposition as an ``addmm``;
-convolutions, ``matmul``, ``addmm``) make the probe program go through the lowering, and then
-the lowering's tags answer for every context. The verification mode checks both paths against
-the whole-program probe.
+config's ``get_partition`` (node and deps); ``addmm``, ``mm`` and ``convolution`` are left as
+they are by decomposition (the probe program writes ``conv1d`` / ``conv2d`` as the
+``convolution`` they decompose into). For those, the probe asks the same config methods on the
+exported probe program and reads the deps. Only the other GEMMs (a linear the filter declines,
+which may still be taken as an ``addmm`` after decomposition; ``matmul``) make the probe program
+go through the lowering, and then the lowering's tags answer for every context. The
+verification mode checks both paths against the whole-program probe.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class FastProbe:
         exported = torch.export.export(probe.module, probe.inputs,
                                        dynamic_shapes=probe.dynamic_shapes, strict=False)
         self.exports += 1
-        kept = self._kept_linears(exported, probe, [context for _, context in pending])
+        kept = self._decided_by_configs(exported, probe, [c for _, c in pending])
         if len(kept) < len(pending):
             self.lowerings += 1
             tagged = delegated_placeholders(exported, self._partitioner)
@@ -105,23 +106,40 @@ class FastProbe:
         for index, (sig, _) in enumerate(pending):
             self._verdicts[sig] = kept[index]
 
-    def _kept_linears(self, exported: ExportedProgram, probe, contexts: list) -> dict:
-        """Context index -> externals in the deps, for each probe linear that the partitioner's
-        ``ops_to_not_decompose`` filter keeps whole (and so partitions with its config)."""
+    def _decided_by_configs(self, exported: ExportedProgram, probe, contexts: list) -> dict:
+        """Context index -> externals in the deps, for each probe GEMM the partitioner's own
+        config decides on the undecomposed probe: a linear its ``ops_to_not_decompose`` filter
+        keeps whole, and the ops decomposition leaves as they are (``addmm``, ``mm``,
+        ``convolution``, which the probe program writes conv1d/conv2d as)."""
         _, keeps_whole = self._partitioner.ops_to_not_decompose(exported)
         configs = getattr(self._partitioner, "target_partitioner_configs", {})
-        config = configs.get("linear.default")
-        if keeps_whole is None or config is None:
-            return {}
         buffers = {s.arg.name: s.target for s in exported.graph_signature.input_specs}
-        kept = {}
+        decided = {}
         for node in exported.graph.nodes:
             index = node.meta.get("custom", {}).get(PROBE_GEMM)
-            if index is None or node.target is not torch.ops.aten.linear.default:
+            if index is None:
                 continue
-            if not keeps_whole(node):
+            name = _CONFIG_DECIDES.get(node.target)
+            config = configs.get(name)
+            if config is None:
+                continue
+            if node.target is torch.ops.aten.linear.default:
+                # Declined here, it is decomposed and may still be taken as an addmm.
+                if keeps_whole is None or not keeps_whole(node):
+                    continue
+            elif not config.check_constraints(node, exported):
+                decided[index] = set()
                 continue
             deps = {buffers.get(n.name) for n in config.get_partition(node, exported)
                     if n.op == "placeholder"}
-            kept[index] = {probe.slots[b][1] for b in deps if b in probe.slots}
-        return kept
+            decided[index] = {probe.slots[b][1] for b in deps if b in probe.slots}
+        return decided
+
+
+# The GEMM ops whose config can be asked before decomposition, and that config's target.
+_CONFIG_DECIDES = {
+    torch.ops.aten.linear.default: "linear.default",
+    torch.ops.aten.addmm.default: "addmm.default",
+    torch.ops.aten.mm.default: "mm.default",
+    torch.ops.aten.convolution.default: "convolution.default",
+}

@@ -293,6 +293,29 @@ def _renamed_source(meta: dict, prefix: str) -> dict:
     return meta
 
 
+_aten = torch.ops.aten
+
+
+def _as_convolution(node: torch.fx.Node, original: torch.fx.Node) -> None:
+    """Rewrite a ``conv1d`` / ``conv2d`` / ``conv_transpose{1,2}d`` as the ``convolution`` the
+    lowering decomposes it into (ATen's own composite: same arguments, output_padding 0), so
+    that XNNPACK's convolution config can be asked about it without decomposing the probe."""
+    if node.kwargs:
+        return
+    args = list(node.args)
+    if node.target in (_aten.conv1d.default, _aten.conv2d.default):
+        defaults = [None, None, None, [1], [0], [1], 1]
+        x, w, b, stride, padding, dilation, groups = args + defaults[len(args):]
+        spatial = original.args[1].meta["val"].dim() - 2
+        node.target = _aten.convolution.default
+        node.args = (x, w, b, stride, padding, dilation, False, [0] * spatial, groups)
+    elif node.target in (_aten.conv_transpose1d.default, _aten.conv_transpose2d.input):
+        defaults = [None, None, None, [1], [0], [0], 1, [1]]
+        x, w, b, stride, padding, output_padding, groups, dilation = args + defaults[len(args):]
+        node.target = _aten.convolution.default
+        node.args = (x, w, b, stride, padding, dilation, True, output_padding, groups)
+
+
 def build_module(contexts: list, ranges: dict) -> ProbeModule:
     """One GraphModule computing every context of ``contexts``, side by side."""
     root = torch.nn.Module()
@@ -329,6 +352,7 @@ def build_module(contexts: list, ranges: dict) -> ProbeModule:
             copied.meta = _renamed_source(node.meta, f"probe{c_index}_")
             if node is context.gemm:
                 copied.meta["custom"] = {**copied.meta.get("custom", {}), PROBE_GEMM: c_index}
+                _as_convolution(copied, node)
             env[node] = copied
         for node in context.nodes:
             # Every value read outside the context is an output, so that export's dead-code
