@@ -67,9 +67,6 @@ class Context:
     nodes: list                              # the cut-out call_function nodes, graph order
     externals: list = field(default_factory=list)   # External, in first-read order
 
-    def external_keys(self) -> list:
-        return [e.key for e in self.externals]
-
 
 def _name_of(node: torch.fx.Node) -> str:
     return op_name(node.target) if node.op == "call_function" else node.op
@@ -95,11 +92,11 @@ def _is_symbolic_scalar(node: torch.fx.Node) -> bool:
 
 
 def param_keys(program: ExportedProgram) -> dict:
-    """Placeholder name -> state_dict / constants key, for params, buffers, lifted constants."""
-    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    """Placeholder name -> state_dict / constants key, for params, buffers (mutated ones too:
+    XNNPACK's ``is_param_node`` takes any buffer) and lifted constants."""
     return {s.arg.name: s.target for s in program.graph_signature.input_specs
             if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-            and s.target is not None and s.target not in mutated}
+            and s.target is not None}
 
 
 def cut_context(gemm: torch.fx.Node, params: dict) -> Context:
