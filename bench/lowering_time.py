@@ -70,12 +70,14 @@ def interleaved(variants: dict, reps: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def bench_model(name: str, reps: int) -> dict:
+def bench_model(name: str, reps: int, compare_probes: bool = True) -> dict:
     case = models.build(name)
     ep = torch.export.export(case.model, case.inputs, dynamic_shapes=case.dynamic_shapes)
     ideal = torch.export.export(case.ideal, case.inputs, dynamic_shapes=case.dynamic_shapes)
     lowering = interleaved({"stock": lambda: lower(ep, STOCK), "xnnfold": lambda: lower(ep, XNNFOLD),
                             "ideal": lambda: lower(ideal, STOCK)}, reps)
+    if not compare_probes:
+        return {"model": name, **lowering}
     stock_partitioner = StockXnnpackPartitioner()
     fold = interleaved({
         "fold, fast probe": lambda: fold_gemm_params(ep, stock_partitioner, verify_probe=False),
@@ -102,6 +104,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", default="")
     parser.add_argument("--json", default="")
+    parser.add_argument("--no-probe-compare", default="",
+                        help="comma-separated models to time without the fold-only comparison")
+    parser.add_argument("--skip-nothing-to-fold", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     names = [n for n in args.models.split(",") if n] or list(
@@ -111,14 +116,15 @@ def main(argv=None) -> int:
           "fold, fast probe s | fold, whole-program probe s |")
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
-        row = bench_model(name, args.reps)
+        row = bench_model(name, args.reps, name not in args.no_probe_compare.split(","))
         rows.append(row)
+        fast, whole = row.get("fold, fast probe"), row.get("fold, whole-program probe")
         print(f"| {name} | {row['stock']:.2f} | {row['xnnfold']:.2f} | {row['ideal']:.2f} | "
               f"{row['xnnfold'] / row['ideal']:.2f} | {row['xnnfold'] / row['stock']:.2f} | "
-              f"{row['fold, fast probe']:.2f} | {row['fold, whole-program probe']:.2f} |",
+              f"{f'{fast:.2f}' if fast else '-'} | {f'{whole:.2f}' if whole else '-'} |",
               flush=True)
     print("\n| nothing to fold | stock s | xnnfold s | xnnfold / stock |\n|---|---|---|---|")
-    for row in bench_nothing_to_fold(args.reps):
+    for row in ([] if args.skip_nothing_to_fold else bench_nothing_to_fold(args.reps)):
         rows.append(row)
         print(f"| {row['model']} | {row['stock']:.3f} | {row['xnnfold']:.3f} | "
               f"{row['xnnfold'] / row['stock']:.3f} |", flush=True)
