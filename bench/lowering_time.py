@@ -13,6 +13,7 @@ plain linears, a small CNN): xnnfold / stock. Verification is off (XNNFOLD_VERIF
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -54,6 +55,7 @@ class SmallCnn(nn.Module):
 
 
 def _timed(fn) -> float:
+    gc.collect()   # the previous variant's garbage is not this one's cost
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
