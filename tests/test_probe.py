@@ -288,3 +288,25 @@ def test_explain_after_a_lowering_reuses_its_result(monkeypatch):
     other = torch.export.export(case.model, case.inputs)
     with pytest.raises(pytest.fail.Exception, match="folded again"):
         xnnfold.explain(other, used)     # another program: no reuse
+
+
+def test_context_keeps_a_no_op_cast_of_a_param():
+    """``b.type_as(x)`` reads a user input but is the param once decomposed: the probe must
+    see the cast (found as a disagreement with the whole-program probe on test_real_code)."""
+
+    class Cast(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(K, K)
+
+        def forward(self, x):
+            return F.linear(x, self.linear.weight.to(x.dtype) * 2.0,
+                            self.linear.bias.type_as(x))
+
+    program, (context,) = _contexts(_folded(Cast(), (torch.randn(3, K),)))
+    assert [n.target for n in context.nodes][:1] == [torch.ops.aten.type_as.default]
+    bias_param = [e for e in context.externals if e.key == "linear.bias"]
+    assert len(bias_param) == 1 and bias_param[0].is_param
+    result = xnnfold.fold_gemm_params(torch.export.export(Cast(), (torch.randn(3, K),)),
+                                      verify_probe=True)
+    assert result.fallback is None and len(result.folded) == 1

@@ -29,6 +29,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from .analysis import removed_by_decomposition
 from .gemms import op_name
 
 # The meta key (inside "custom", which export carries over) naming a probe GEMM's context.
@@ -102,8 +103,8 @@ def param_keys(program: ExportedProgram) -> dict:
 def cut_context(gemm: torch.fx.Node, params: dict) -> Context:
     """The neighbourhood of ``gemm`` that XNNPACK's decision on it reads (see module doc)."""
     chosen: dict = {gemm: None}
-    # Behind the inputs: the q/dq/choose_qparams/pad pattern, and the nodes computing any
-    # symbolic size an op of the context takes.
+    # Behind the inputs: the q/dq/choose_qparams/pad pattern, no-op casts of params, and the
+    # nodes computing any symbolic size an op of the context takes.
     stack = list(gemm.all_input_nodes)
     # In front: the users, and through a fusable user its users.
     for user in list(gemm.users):
@@ -120,7 +121,10 @@ def cut_context(gemm: torch.fx.Node, params: dict) -> Context:
         node = stack.pop()
         if node in chosen or node.op != "call_function":
             continue
-        if _is_pattern(node) or _is_symbolic_scalar(node):
+        # A no-op cast of a param (``b.type_as(x)``) is gone once decomposed: the GEMM then
+        # reads the param itself. Kept in the context, it goes the same way in the probe.
+        if _is_pattern(node) or _is_symbolic_scalar(node) or \
+                removed_by_decomposition(node) is not None:
             chosen[node] = None
             stack.extend(node.all_input_nodes)
     order = {n: i for i, n in enumerate(gemm.graph.nodes)}
