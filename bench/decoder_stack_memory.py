@@ -1,5 +1,6 @@
 """Peak RSS and lowering time of a 16-layer E=1024 ff=4096 nn.TransformerDecoderLayer stack
-(distinct weights, about 1 GiB fp32): stock against xnnfold, each variant in its own process.
+(distinct weights, about 1 GiB fp32): stock against xnnfold (and the ideal rewrite, plain q/k/v
+linears, lowered with stock), each variant in its own process.
 
     PYTHONPATH=src python bench/decoder_stack_memory.py [--layers 16] [--embed 1024] [--ff 4096]
 
@@ -30,6 +31,7 @@ def _child(variant: str, layers: int, embed: int, ff: int, queue) -> None:
     from torch import nn
 
     import xnnfold
+    import xnnfold.models
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -47,6 +49,12 @@ def _child(variant: str, layers: int, embed: int, ff: int, queue) -> None:
             return tgt
 
     model = Stack().eval()
+    if variant == "ideal":   # the same weights as plain q/k/v linears, lowered with stock
+        ideal = nn.Module()
+        ideal.layers = nn.ModuleList(xnnfold.models.IdealDecoderLayer(layer).eval()
+                                     for layer in model.layers)
+        ideal.forward = Stack.forward.__get__(ideal)
+        model = ideal.eval()
     inputs = (torch.randn(1, 8, embed), torch.randn(1, 16, embed))
     ep = torch.export.export(model, inputs)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
