@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -12,6 +13,9 @@ import torch
 from xnnfold.bench.measure import STOCK, XNNFOLD, Lowered, lower, max_abs_diff, run_pte
 
 torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
+# Every fold of the suite runs the fast probe and the whole-program probe and fails on any
+# disagreement (xnnfold.verified_probe); export XNNFOLD_VERIFY_PROBE=0 to time the fast path alone.
+os.environ.setdefault("XNNFOLD_VERIFY_PROBE", "1")
 
 # XNNPACK's serialized graph has a per-tensor entry a little larger than the portable program's
 # (measured: +8 to +16 bytes per constant moved into a delegate, whatever its size). A fold that

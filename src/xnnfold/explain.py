@@ -8,7 +8,7 @@ from typing import Optional
 
 from torch.export import ExportedProgram
 
-from .partitioner import fold_gemm_params
+from .partitioner import XnnpackPartitioner, fold_gemm_params
 
 _STATUS_TEXT = {"plain": "plain param (stock delegates it as is)",
                 "folded": "folded into a constant",
@@ -35,9 +35,16 @@ class Explanation(list):
 def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
     """What ``fold_gemm_params(ep)`` does, row by GEMM operand.
 
-    If the fold fell back to stock, the operands it would have folded say so (rule "internal").
+    Pass the :class:`~xnnfold.XnnpackPartitioner` that lowered ``ep`` to read what that
+    lowering decided (its ``last_result``) instead of folding again; otherwise this costs one
+    fold. If the fold fell back to stock, the operands it would have folded say so (rule
+    "internal").
     """
-    result = fold_gemm_params(ep, partitioner)
+    result = None
+    if isinstance(partitioner, XnnpackPartitioner):
+        result = partitioner.result_for(ep)
+    if result is None:
+        result = fold_gemm_params(ep, partitioner)
     return Explanation.of(result)
 
 

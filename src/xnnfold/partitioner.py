@@ -1,4 +1,4 @@
-"""The drop-in partitioner, and ``fold_gemm_params`` for every other path.
+"""The fold as a pass, the drop-in partitioner that runs it, and ``fold_gemm_params``.
 
 ``to_edge_transform_and_lower`` calls ``transform_for_pre_decomposition`` on each partitioner
 before decomposing the program, with real param data: the one place, in executorch 1.5.1, where
@@ -8,6 +8,8 @@ params and must leave the graph as it is.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from typing import Optional
 
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
@@ -16,9 +18,13 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from torch.export import ExportedProgram
 
 from . import pipeline
-from .probe import delegated_placeholders
+from .fold import copy_program
 from .rules import DEFAULT_RULES, RuleSet
 from .runtime_weight import open_runtime_weight_path
+from .shape_env import give_own_shape_env, has_unbacked_symbols
+from .verified_probe import make_probe
+
+logger = logging.getLogger("xnnfold")
 
 
 def _check_program(ep) -> None:
@@ -28,39 +34,89 @@ def _check_program(ep) -> None:
             "export the module first: torch.export.export(module, example_inputs)")
 
 
+class FoldGemmParams:
+    """The fold as a pass: ``FoldGemmParams(partitioner)(ep)`` returns a
+    :class:`~xnnfold.pipeline.FoldResult` — ``.program`` (a new ExportedProgram, or ``ep``
+    itself when ``.modified`` is False), and the record of what was folded and why.
+
+    ``partitioner`` is the XNNPACK partitioner whose verdict the *delegated* rule asks (default:
+    a stock ``XnnpackPartitioner()``); it is not changed. ``rules`` is the
+    :class:`~xnnfold.rules.RuleSet` to apply (tests pass one without a rule). ``verify_probe``
+    (default: the ``XNNFOLD_VERIFY_PROBE`` environment variable) also runs the whole-program
+    probe and fails the fold on any disagreement with the fast one (a test mode: it costs a
+    second decomposition of the program).
+    """
+
+    def __init__(self, partitioner: Optional[StockXnnpackPartitioner] = None,
+                 rules: RuleSet = DEFAULT_RULES, verify_probe: Optional[bool] = None):
+        self.partitioner = partitioner if partitioner is not None \
+            else StockXnnpackPartitioner()
+        self.rules = rules
+        self.verify_probe = verify_probe
+
+    def __call__(self, ep: ExportedProgram) -> pipeline.FoldResult:
+        _check_program(ep)
+        result = pipeline.run(ep, make_probe(self.partitioner, self.verify_probe), self.rules)
+        _isolate(ep, result)
+        return result
+
+
 def fold_gemm_params(ep: ExportedProgram,
                      partitioner: Optional[StockXnnpackPartitioner] = None,
-                     rules: RuleSet = DEFAULT_RULES) -> pipeline.FoldResult:
+                     rules: RuleSet = DEFAULT_RULES,
+                     verify_probe: Optional[bool] = None) -> pipeline.FoldResult:
     """Fold the computed weights and biases of ``ep``'s GEMMs into constants.
 
     Returns a :class:`~xnnfold.pipeline.FoldResult`: ``.program`` is a new ExportedProgram
     (``ep`` is not modified) to lower with ``to_edge`` + ``to_backend`` or any other path, and
     ``.operands`` says, for every GEMM weight and bias, whether it was plain, folded or declined
-    and why. ``partitioner`` is the XNNPACK partitioner whose verdict the *delegated* rule asks
-    (default: a stock ``XnnpackPartitioner()``); it is not changed. ``rules`` is the
-    :class:`~xnnfold.rules.RuleSet` to apply (tests pass one without a rule).
+    and why. The arguments are :class:`FoldGemmParams`'s.
     """
-    _check_program(ep)
-    partitioner = partitioner if partitioner is not None else StockXnnpackPartitioner()
-    return pipeline.run(ep, lambda program: delegated_placeholders(program, partitioner), rules)
+    return FoldGemmParams(partitioner, rules, verify_probe)(ep)
+
+
+def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
+    """Give the program to lower a ShapeEnv of its own when it has data-dependent sizes: the
+    lowering leaves unbound symbols in its ShapeEnv (see :mod:`xnnfold.shape_env`), which would
+    make the next lowering of ``ep`` raise."""
+    if not has_unbacked_symbols(result.program):
+        return
+    try:
+        program = result.program if result.program is not ep else copy_program(ep)
+        give_own_shape_env(program)
+    except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
+        logger.warning("xnnfold: could not give the program its own ShapeEnv (%s: %s); "
+                       "lowering it leaves unbound symbols in the caller's program, as a "
+                       "stock lowering does", type(error).__name__, error)
+        return
+    result.program = program
 
 
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
-    Same constructor. Use it with ``to_edge_transform_and_lower``; after a lowering,
-    ``last_result`` holds the :class:`~xnnfold.pipeline.FoldResult` of the last program.
-    Its linear configs also take the GEMMs the fold marks (a weight that cannot be a
-    constant) with their weight as a run-time input; see :mod:`xnnfold.runtime_weight`.
+    Same constructor, plus ``rules`` and ``verify_probe`` (see :class:`FoldGemmParams`). Use it
+    with ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
+    :class:`~xnnfold.pipeline.FoldResult` of the last program. Its linear configs also take the
+    GEMMs the fold marks (a weight that cannot be a constant) with their weight as a run-time
+    input; see :mod:`xnnfold.runtime_weight`.
     """
 
-    def __init__(self, *args, rules: RuleSet = DEFAULT_RULES, **kwargs):
+    def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,
+                 verify_probe: Optional[bool] = None, **kwargs):
         super().__init__(*args, **kwargs)
         open_runtime_weight_path(self)
-        self.rules = rules
+        self.fold = FoldGemmParams(self, rules, verify_probe)
         self.last_result: Optional[pipeline.FoldResult] = None
+        self._last_source = None   # weak reference to the program last_result was folded from
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram
                                         ) -> ExportedProgram:
-        self.last_result = fold_gemm_params(exported_program, self, self.rules)
+        self.last_result = self.fold(exported_program)
+        self._last_source = weakref.ref(exported_program)
         return self.last_result.program
+
+    def result_for(self, exported_program: ExportedProgram) -> Optional[pipeline.FoldResult]:
+        """``last_result`` if it was folded from ``exported_program`` (the same object)."""
+        source = self._last_source() if self._last_source is not None else None
+        return self.last_result if source is exported_program else None

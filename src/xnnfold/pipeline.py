@@ -26,8 +26,9 @@ from .rules import DEFAULT_RULES, Decline, Rule, RuleSet, Status
 
 logger = logging.getLogger("xnnfold")
 
-# A probe answers: which placeholders of this program end up in a delegate?
-Probe = Callable[[ExportedProgram], set]
+# A probe answers: which of these folded constants (fold.FoldedConstant) of this program end up
+# in a delegate? (state_dict / constants keys; see xnnfold.verified_probe)
+Probe = Callable[[ExportedProgram, list], set]
 
 
 
@@ -165,7 +166,7 @@ def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
             break
         rounds += 1
         constants = {c.source: c.name for c in folded.constants}
-        taken = probe(folded.program)
+        taken = probe(folded.program, folded.constants)
         for member in members:
             member.delegated = constants[member.name] in taken
         if not rules.apply(groups, facts, rule_set.after_probe):

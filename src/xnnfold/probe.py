@@ -2,10 +2,13 @@
 
 Whether XNNPACK takes a GEMM depends on much more than its weight: dtype, precision mode,
 dynamic shapes, rank, conv kind, quantization pattern, and whether ``linear`` survives
-decomposition. Rather than re-implement those checks, the probe runs the candidate program
-through ``to_edge_transform_and_lower`` with a *stock* partitioner built with the user's own
-arguments, reads the ``delegation_tag`` of every placeholder once partitioning is done, and
-aborts there: no backend preprocess, no serialization.
+decomposition. Rather than re-implement those checks, :func:`delegated_placeholders` runs a
+program through ``to_edge_transform_and_lower`` with a *stock* partitioner built with the
+user's own arguments, reads the ``delegation_tag`` of every placeholder once partitioning is
+done, and aborts there: no backend preprocess, no serialization.
+
+The fold asks it about the small probe program of :mod:`xnnfold.fast_probe`; asked about the
+whole folded program, it is the verification mode of :mod:`xnnfold.verified_probe`.
 """
 
 from __future__ import annotations

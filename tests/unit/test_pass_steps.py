@@ -215,14 +215,14 @@ def test_untied_plain_linear_is_not_marked():
 
 def test_pass_with_a_probe_that_takes_nothing_folds_nothing():
     ep = export(Split(), torch.randn(2, E))
-    result = pipeline.run(ep, probe=lambda program: set())
+    result = pipeline.run(ep, probe=lambda program, constants: set())
     assert result.program is ep
     assert {(r.status, r.rule) for r in result.operands} == {(Status.DECLINED, Rule.DELEGATED)}
 
 
 def test_pass_with_a_probe_that_takes_everything_frees_the_packed_param():
     ep = export(Split(), torch.randn(2, E))
-    result = pipeline.run(ep, probe=lambda program: set(program.constants))
+    result = pipeline.run(ep, probe=lambda program, constants: {c.name for c in constants})
     assert result.freed_params == ["weight"] and result.probe_rounds == 1
     assert {r.status for r in result.operands} == {Status.FOLDED}
 

@@ -1,0 +1,141 @@
+"""Lowering time: xnnfold against the ideal rewrite and against stock, and the fast probe
+against the whole-program probe.
+
+    PYTHONPATH=src python bench/lowering_time.py [--size small|large|all] [--reps 3]
+
+Per model, in one process and interleaved (stock, xnnfold, ideal, stock, ...), after one
+warm-up round: the seconds of ``to_edge_transform_and_lower`` + ``to_executorch``
+(``xnnfold.bench.measure.lower``), medians; then ``fold_gemm_params`` alone with the fast probe and
+with the whole-program probe, interleaved too. Then two programs with nothing to fold (two
+plain linears, a small CNN): xnnfold / stock. Verification is off (XNNFOLD_VERIFY_PROBE=0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
+
+import torch  # noqa: E402
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import (  # noqa: E402
+    XnnpackPartitioner as StockXnnpackPartitioner,
+)
+from torch import nn  # noqa: E402
+
+from xnnfold import pipeline  # noqa: E402
+from xnnfold.bench import models  # noqa: E402
+from xnnfold.bench.measure import STOCK, XNNFOLD, lower  # noqa: E402
+from xnnfold.partitioner import fold_gemm_params  # noqa: E402
+from xnnfold.verified_probe import whole_program_probe  # noqa: E402
+
+
+class TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 128), nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class SmallCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _timed(fn) -> float:
+    gc.collect()   # the previous variant's garbage is not this one's cost
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(variants: dict, reps: int) -> dict:
+    """name -> median seconds; one warm-up round, then ``reps`` rounds in turn."""
+    for fn in variants.values():
+        fn()
+    times = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            times[name].append(_timed(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_model(name: str, reps: int, compare_probes: bool = True) -> dict:
+    case = models.build(name)
+    ep = torch.export.export(case.model, case.inputs, dynamic_shapes=case.dynamic_shapes)
+    ideal = torch.export.export(case.ideal, case.inputs, dynamic_shapes=case.dynamic_shapes)
+    lowering = interleaved({"stock": lambda: lower(ep, STOCK), "xnnfold": lambda: lower(ep, XNNFOLD),
+                            "ideal": lambda: lower(ideal, STOCK)}, reps)
+    if not compare_probes:
+        return {"model": name, **lowering}
+    stock_partitioner = StockXnnpackPartitioner()
+    fold = interleaved({
+        "fold, fast probe": lambda: fold_gemm_params(ep, stock_partitioner, verify_probe=False),
+        "fold, whole-program probe": lambda: pipeline.run(
+            ep, whole_program_probe(stock_partitioner)),
+    }, reps)
+    return {"model": name, **lowering, **fold}
+
+
+def bench_nothing_to_fold(reps: int) -> list:
+    rows = []
+    for name, model, inputs in [("two plain linears", TwoLinears().eval(), (torch.randn(8, 64),)),
+                                ("small CNN", SmallCnn().eval(), (torch.randn(1, 3, 32, 32),))]:
+        ep = torch.export.export(model, inputs)
+        times = interleaved({"stock": lambda: lower(ep, STOCK),
+                             "xnnfold": lambda: lower(ep, XNNFOLD)}, reps)
+        rows.append({"model": name, **times})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", choices=["small", "large", "all"], default="all")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--models", default="")
+    parser.add_argument("--json", default="")
+    parser.add_argument("--no-probe-compare", default="",
+                        help="comma-separated models to time without the fold-only comparison")
+    parser.add_argument("--skip-nothing-to-fold", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    names = [n for n in args.models.split(",") if n] or list(
+        {"small": models.SMALL, "large": models.LARGE, "all": models.ALL}[args.size])
+    rows = []
+    print("| model | stock s | xnnfold s | ideal s | xnnfold / ideal | xnnfold / stock | "
+          "fold, fast probe s | fold, whole-program probe s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        row = bench_model(name, args.reps, name not in args.no_probe_compare.split(","))
+        rows.append(row)
+        fast, whole = row.get("fold, fast probe"), row.get("fold, whole-program probe")
+        print(f"| {name} | {row['stock']:.2f} | {row['xnnfold']:.2f} | {row['ideal']:.2f} | "
+              f"{row['xnnfold'] / row['ideal']:.2f} | {row['xnnfold'] / row['stock']:.2f} | "
+              f"{f'{fast:.2f}' if fast else '-'} | {f'{whole:.2f}' if whole else '-'} |",
+              flush=True)
+    print("\n| nothing to fold | stock s | xnnfold s | xnnfold / stock |\n|---|---|---|---|")
+    for row in ([] if args.skip_nothing_to_fold else bench_nothing_to_fold(args.reps)):
+        rows.append(row)
+        print(f"| {row['model']} | {row['stock']:.3f} | {row['xnnfold']:.3f} | "
+              f"{row['xnnfold'] / row['stock']:.3f} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

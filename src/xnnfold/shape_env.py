@@ -1,0 +1,106 @@
+"""Keep xnnfold's lowerings out of the caller's ShapeEnv.
+
+A program with a data-dependent size (``.item()``, ``nonzero``, boolean-mask indexing) carries
+unbacked symbols, and every copy of it shares its ShapeEnv with the caller's ExportedProgram.
+executorch's edge passes and verifiers re-run such ops on fake tensors outside any tracer: each
+run leaves a fresh unbacked symbol in ``ShapeEnv.pending_fresh_unbacked_symbols`` that nothing
+binds, and the next ``run_decompositions`` of any program of that ShapeEnv raises
+``PendingUnbackedSymbolNotFound`` (measured with stock alone: lowering the same program twice
+fails). So xnnfold gives the program it lowers, and the programs it probes, a ShapeEnv of their
+own: fresh placeholder fake tensors, from which the lowering's first ``run_decompositions``
+retraces everything. Only programs with unbacked symbols need it; others are left as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.export import ExportedProgram
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    ShapeEnv,
+    StrictMinMaxConstraint,
+    free_unbacked_symbols,
+)
+from torch._dynamo.source import ConstantSource
+
+from .errors import FoldError
+
+
+def shape_env_of(program: ExportedProgram) -> Optional[ShapeEnv]:
+    for node in program.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
+            return val.fake_mode.shape_env
+    return None
+
+
+def has_unbacked_symbols(program: ExportedProgram) -> bool:
+    for node in program.graph.nodes:
+        values = node.meta.get("val")
+        values = values if isinstance(values, (list, tuple)) else [values]
+        if any(isinstance(v, (torch.Tensor, torch.SymInt)) and free_unbacked_symbols(v)
+               for v in values):
+            return True
+    return False
+
+
+def give_own_shape_env(program: ExportedProgram) -> None:
+    """Rebind ``program``'s placeholders to fake tensors of a new FakeTensorMode and ShapeEnv,
+    in place (``program`` must be the caller's own copy). Backed symbols of the inputs are
+    recreated one for one, with the program's ranges; ``range_constraints`` is renamed to
+    match. Does nothing for a program without unbacked symbols."""
+    if not has_unbacked_symbols(program):
+        return
+    old = shape_env_of(program)
+    env = ShapeEnv()
+    # The retrace binds each new unbacked symbol back to the name the graph's meta gives it
+    # (u0, ...); new ones must not be born with those names.
+    env.unbacked_symint_counter = old.unbacked_symint_counter
+    env.unbacked_symfloat_counter = old.unbacked_symfloat_counter
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True, export=True)
+    renamed: dict = {}
+
+    def new_size(size, where: str):
+        if isinstance(size, int):
+            return size
+        expr = size.node.expr
+        for symbol in expr.free_symbols:
+            if symbol in renamed:
+                continue
+            bounds = program.range_constraints.get(symbol)
+            hint = size.node.shape_env.var_to_val.get(symbol)
+            if bounds is None or hint is None:
+                raise FoldError(where, f"input size {expr} has no range or hint")
+            renamed[symbol] = env.create_symbol(
+                int(hint), ConstantSource(f"xnnfold_{symbol}"), dynamic_dim=DimDynamic.DYNAMIC,
+                constraint_dim=StrictMinMaxConstraint(vr=bounds, warn_only=False))
+        new_expr = expr.xreplace(renamed)
+        return env.create_symintnode(new_expr, hint=int(size.node.hint))
+
+    fresh = {}
+    for node in program.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        shape = [new_size(s, node.name) for s in val.shape]
+        with mode:
+            new = torch.empty(shape, dtype=val.dtype, device=val.device)
+        if isinstance(val, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=val.requires_grad)
+        fresh[node] = new
+    for node, new in fresh.items():
+        node.meta["val"] = new
+    # The retrace would bind each new unbacked symbol back to the old one the meta names (and
+    # look up its range in the new ShapeEnv, which never had it): let it keep the new names.
+    for node in program.graph.nodes:
+        node.meta.pop("unbacked_bindings", None)
+    # The unbacked symbols are made anew by the retrace; only the inputs' ranges carry over.
+    program._range_constraints = {renamed[symbol]: bounds
+                                  for symbol, bounds in program.range_constraints.items()
+                                  if symbol in renamed}
