@@ -1,6 +1,8 @@
-"""Property test over generated programs: a packed param, a multi-output op (or none), random
-single-output chains per part, and GEMM consumers (one of them over a learned table, so with
-only static inputs) or non-GEMM ones. One more mode, "projection",
+"""Property test over generated programs: a packed param (or separate params), a multi-output
+op (or none), random single-output chains per part (same-dtype casts among them), and GEMM
+consumers (one of them over a learned table, so with only static inputs; one a tied head, the
+part also read by an embedding lookup) or non-GEMM ones, sometimes on a data-dependent number
+of rows. One more mode, "projection",
 builds MHA's packed projection: one linear over the (chained) packed weight whose output is cut
 into parts by MHA's layout chain (sometimes also used whole, which must keep it packed).
 
