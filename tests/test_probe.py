@@ -1,7 +1,7 @@
 """The fast probe: contexts, signatures and the probe program (no lowering, milliseconds), then
 the probe against the whole-program probe, data-dependent sizes, and explain's reuse."""
 
-import sys
+import importlib
 
 import pytest
 import torch
@@ -129,21 +129,17 @@ def _probe(verify=False):
     return verified_probe.make_probe(StockXnnpackPartitioner(), verify=verify)
 
 
-def test_a_stack_is_asked_once_and_linears_need_no_lowering():
-    case = models.decoder_case()
+# A decoder layer's GEMMs are asked once each and its linears answered without lowering; a
+# conv is asked of its config without lowering too.
+@pytest.mark.parametrize("make,folded", [(models.decoder_case, 12),
+                                         (models.weight_norm_case, 1)],
+                         ids=["decoder layer", "weight_norm conv"])
+def test_asked_once_and_answered_without_lowering(make, folded):
+    case = make()
     ep = torch.export.export(case.model, case.inputs)
     probe = _probe(verify=True)
     result = pipeline.run(ep, probe)
-    assert result.fallback is None and len(result.folded) == 12
-    assert (probe.fast.exports, probe.fast.lowerings) == (1, 0)
-
-
-def test_a_conv_is_asked_of_its_config_without_lowering():
-    case = models.weight_norm_case()
-    ep = torch.export.export(case.model, case.inputs)
-    probe = _probe(verify=True)
-    result = pipeline.run(ep, probe)
-    assert result.fallback is None and len(result.folded) == 1
+    assert result.fallback is None and len(result.folded) == folded
     assert (probe.fast.exports, probe.fast.lowerings) == (1, 0)
 
 
@@ -281,7 +277,7 @@ def test_explain_after_a_lowering_reuses_its_result(monkeypatch):
     ep = torch.export.export(case.model, case.inputs)
     used = xnnfold.XnnpackPartitioner()
     to_edge_transform_and_lower(ep, partitioner=[used])
-    explain_module = sys.modules["xnnfold.explain"]
+    explain_module = importlib.import_module("xnnfold.explain")
     monkeypatch.setattr(explain_module, "fold_gemm_params",
                         lambda *args, **kwargs: pytest.fail("explain folded again"))
     rows = xnnfold.explain(ep, used)

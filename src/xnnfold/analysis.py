@@ -19,6 +19,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from .gemms import gemm_spec, op_name, operand_roles
+from .identity import has_symbols, is_identity, removed_by_decomposition
 
 # Quantize ops of PT2E: a folded weight keeps the dequantize in front of its GEMM so that
 # XNNPACK still sees ``dq(int8 constant) -> GEMM``; the target moves to the dequantize's input.
@@ -83,15 +84,6 @@ def static_inputs(ep: ExportedProgram) -> dict:
     return values
 
 
-def _has_symbols(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return any(not isinstance(s, int) for s in value.shape)
-    if isinstance(value, (list, tuple)):
-        return any(_has_symbols(v) for v in value)
-    return not isinstance(value, (int, float, bool, str, type(None), torch.dtype,
-                                  torch.device, torch.layout, torch.memory_format))
-
-
 def _is_tensor_result(value) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -132,9 +124,9 @@ def find_static(ep: ExportedProgram) -> ProgramFacts:
                 culprit.name, (culprit.name, "is not static"))
             continue
         reason = _pure_op_reason(node)
-        if reason is None and _has_symbols(node.meta.get("val")):
+        if reason is None and has_symbols(node.meta.get("val")):
             reason = "has a symbolic shape"
-        if reason is None and any(_has_symbols(a) for a in _flat_args(node)):
+        if reason is None and any(has_symbols(a) for a in _flat_args(node)):
             reason = "takes a symbolic size"
         if reason is None:
             facts.static.add(node.name)
@@ -175,56 +167,6 @@ def is_metadata_assertion(node: torch.fx.Node) -> bool:
     construction, so it goes away with the value it checks instead of keeping it alive."""
     return node.op == "call_function" and \
         node.target is torch.ops.aten._assert_tensor_metadata.default
-
-
-def is_identity(node: torch.fx.Node) -> bool:
-    """True if ``node``'s op, on its input, decomposes to that very input.
-
-    Asked of the op's own CompositeImplicitAutograd kernel on a meta tensor of the input's
-    shape, strides and dtype: a same-dtype ``to``, ``type_as``, ``contiguous`` of a contiguous
-    tensor, a no-op ``flatten``. Decomposition then hands the GEMM the param itself, and stock
-    delegates it; ``alias``, ``detach``, ``view``, ``clone`` have kernels of their own and stay.
-    """
-    op = node.target
-    if not isinstance(op, torch._ops.OpOverload) or not node.args or \
-            not isinstance(node.args[0], torch.fx.Node) or \
-            not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(),
-                                                               "CompositeImplicitAutograd"):
-        return False
-    probe = _meta_like(node.args[0])
-    if probe is None:
-        return False
-    # Other tensor arguments (``type_as``'s reference) count for their dtype.
-    args, kwargs = torch.fx.node.map_arg(
-        (node.args[1:], node.kwargs), lambda n: _meta_like(n, concrete=False))
-    try:
-        return op.decompose(probe, *args, **kwargs) is probe
-    except Exception:  # noqa: BLE001 - an op that cannot run on meta is no identity
-        return False
-
-
-def _meta_like(node: torch.fx.Node, concrete: bool = True) -> Optional[torch.Tensor]:
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return None
-    if _has_symbols(val):
-        if concrete:
-            return None
-        return torch.empty((1,) * val.dim(), dtype=val.dtype, device="meta")
-    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
-
-
-def removed_by_decomposition(node: torch.fx.Node) -> Optional[list]:
-    """The chain of identity ops from a param to ``node``, if that is all ``node`` is.
-
-    The ops may read other tensors, user inputs included (``w.type_as(x)``): only the
-    param's value reaches the GEMM.
-    """
-    chain = []
-    while node.op == "call_function" and is_identity(node):
-        chain.append(node)
-        node = node.args[0]
-    return list(reversed(chain)) if chain and node.op == "placeholder" else None
 
 
 def is_dequantize(node: torch.fx.Node) -> bool:

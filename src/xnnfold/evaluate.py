@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .analysis import ProgramFacts, data_inputs, is_identity
+from .analysis import ProgramFacts, data_inputs
+from .identity import is_identity
 from .errors import at_node
 
 

@@ -29,7 +29,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from .analysis import removed_by_decomposition
+from .identity import removed_by_decomposition
 from .gemms import op_name
 
 # The meta key (inside "custom", which export carries over) naming a probe GEMM's context.

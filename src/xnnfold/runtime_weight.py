@@ -23,7 +23,8 @@ import torch
 import torch.fx
 from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 
-from .analysis import is_dequantize, is_metadata_assertion, removed_by_decomposition
+from .analysis import is_dequantize, is_metadata_assertion
+from .identity import removed_by_decomposition
 from .fold import copy_program
 
 aten = torch.ops.aten
