@@ -10,11 +10,6 @@ from torch.export import ExportedProgram
 
 from .partitioner import XnnpackPartitioner, fold_gemm_params
 
-_STATUS_TEXT = {"plain": "plain param (stock delegates it as is)",
-                "folded": "folded into a constant",
-                "declined": "declined"}
-
-
 class Explanation(list):
     """The :class:`~xnnfold.pipeline.GemmOperand` rows, plus ``projections`` (each a
     :class:`~xnnfold.projections.PackedProjection`, split or kept), ``canonical`` (each a

@@ -23,7 +23,6 @@ verification mode checks both paths against the whole-program probe.
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import torch
 import torch.fx
@@ -34,8 +33,6 @@ from .gemms import gemm_spec
 from .probe import delegated_placeholders
 from .probe_program import (
     PROBE_GEMM,
-    Context,
-    ProbeUnsupported,
     build_module,
     cut_context,
     param_keys,

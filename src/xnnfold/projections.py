@@ -20,7 +20,7 @@ more on portable than stock does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.fx
@@ -29,6 +29,9 @@ from torch.export import ExportedProgram
 from .analysis import ProgramFacts, cone_of, is_dequantize
 from .errors import at_node
 from .gemms import operand
+
+if TYPE_CHECKING:   # rules imports plan (and so this module); annotations only
+    from .rules import Decline
 
 aten = torch.ops.aten
 
@@ -45,7 +48,7 @@ class PackedProjection:
     chain: list                  # names of the layout nodes, in graph order
     selects: dict                # part index -> name of the select node that takes it
     part_linears: dict = field(default_factory=dict)   # part index -> new linear's name
-    kept_because: Optional["Decline"] = None   # xnnfold.rules.Decline, when undone
+    kept_because: Optional[Decline] = None   # xnnfold.rules.Decline, when undone
 
     def describe(self) -> str:
         if self.kept_because is not None:
