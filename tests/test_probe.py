@@ -16,7 +16,8 @@ import xnnfold
 from xnnfold import fast_probe, partitioner, pipeline, verified_probe
 from xnnfold.bench import models
 from xnnfold.bench.measure import STOCK, XNNFOLD, lower, max_abs_diff, run_pte
-from xnnfold.probe_program import build_module, cut_context, param_keys, signature
+from xnnfold.probe_cut import cut_context, param_keys, signature
+from xnnfold.probe_program import build_module
 
 K = 12
 

@@ -18,7 +18,7 @@ from .errors import FoldError
 from .fast_probe import FastProbe, consumer_gemms
 from .fold import copy_program
 from .probe import delegated_placeholders
-from .probe_program import ProbeUnsupported, param_keys
+from .probe_cut import ProbeUnsupported, param_keys
 from .shape_env import give_own_shape_env, has_unbacked_symbols
 
 logger = logging.getLogger("xnnfold")
