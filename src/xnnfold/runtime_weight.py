@@ -26,6 +26,7 @@ from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPr
 from .analysis import is_dequantize, is_metadata_assertion
 from .identity import removed_by_decomposition
 from .fold import copy_program
+from .rules import Rule, Status
 
 aten = torch.ops.aten
 
@@ -33,7 +34,7 @@ MARK = "xnnfold_runtime_weight"
 _WRAPPED_TARGETS = ("linear.default", "addmm.default", "mm.default")
 # Declines after which the weight is still computed on every call: as a delegate input it
 # costs a repack instead of a portable GEMM. ("delegated": XNNPACK declines the GEMM itself.)
-_RUNTIME_RULES = ("static", "size", "whole-group", "exact")
+_RUNTIME_RULES = (Rule.STATIC, Rule.SIZE, Rule.WHOLE_GROUP, Rule.EXACT)
 
 
 def is_marked(node: torch.fx.Node) -> bool:
@@ -69,22 +70,14 @@ def open_runtime_weight_path(partitioner) -> None:
             config.__class__ = runtime_weight_config(type(config))
 
 
-def _fp32_matrix(node) -> bool:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32 and \
-        all(isinstance(s, int) for s in val.shape) and not is_dequantize(node)
-
-
 def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
     """Why ``gemm`` should take its weight at run time, or None."""
     if gemm.target is not torch.ops.aten.linear.default or len(gemm.args) < 2:
         return None
     x, weight = gemm.args[0], gemm.args[1]
-    if not (_fp32_matrix(weight) and weight.meta["val"].dim() == 2) or \
-            not isinstance(x, torch.fx.Node) or x.meta.get("val") is None or \
-            x.meta["val"].dtype != torch.float32 or is_dequantize(x):
+    if not (_fp32(weight) and _fp32(x)) or len(_static_shape(weight) or ()) != 2:
         return None
-    declined = [r for r in rows if r.status == "declined" and r.rule in _RUNTIME_RULES]
+    declined = [r for r in rows if r.status == Status.DECLINED and r.rule in _RUNTIME_RULES]
     if declined:
         return f"its {declined[0].role} is declined by rule '{declined[0].rule}'"
     # The param behind no-op casts (``W.to(x.dtype)``), which decomposition removes.
@@ -99,6 +92,13 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
         # quarter of the .pte); stock's flag does not, but repacks every weight.
         return f"{param.name} is also read by {others[0].name}"
     return None
+
+
+def _fp32(node) -> bool:
+    """An fp32 tensor that is not a dequantize's output (quantized GEMMs keep their path)."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.float32 and \
+        not is_dequantize(node)
 
 
 def _static_shape(node) -> Optional[tuple]:
