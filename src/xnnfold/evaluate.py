@@ -46,10 +46,21 @@ class ConeEvaluator:
 
 
 def own_storage(value: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy in storage of its own.
+    """``value`` as a contiguous tensor whose storage holds exactly its bytes, from offset 0.
 
     A part of a ``split`` is a view into the packed param; XNNPACK serializes a constant's
     storage from its start, not from the view's offset, so a view would hand the delegate the
-    wrong rows (the ``constant_prop_pass`` bug).
+    wrong rows (the ``constant_prop_pass`` bug). A contiguous view is not copied: it gets a
+    storage of its own that is a slice of its base's memory (``UntypedStorage`` slicing shares
+    memory). So MHA's q/k/v parts cost no memory beside the packed param the caller's program
+    still holds: a 16-layer E=1024 decoder stack folds 384 MiB of parts without a copy.
     """
-    return value.detach().clone(memory_format=torch.contiguous_format)
+    value = value.detach()
+    if value.numel() == 0 or not value.is_contiguous():
+        return value.clone(memory_format=torch.contiguous_format)
+    storage = value.untyped_storage()
+    start = value.storage_offset() * value.element_size()
+    if start == 0 and storage.nbytes() == value.nbytes:
+        return value
+    part = storage[start:start + value.nbytes]
+    return torch.empty(0, dtype=value.dtype).set_(part, 0, value.shape, value.stride())

@@ -225,6 +225,14 @@ def test_pass_with_a_probe_that_takes_everything_frees_the_packed_param():
     result = pipeline.run(ep, probe=lambda program, constants: {c.name for c in constants})
     assert result.freed_params == ["weight"] and result.probe_rounds == 1
     assert {r.status for r in result.operands} == {Status.FOLDED}
+    # The parts are not copies: each has a storage of exactly its bytes (what XNNPACK
+    # serializes), cut out of the packed param's memory, which the caller's program still holds.
+    packed = ep.state_dict["weight"]
+    begin, row = packed.data_ptr(), E * packed.element_size()
+    parts = [result.program.constants[c.name] for c in result.constants]
+    assert [(p.data_ptr() - begin) // row for p in parts] == [0, E]
+    assert all(p.untyped_storage().nbytes() == p.nbytes == E * row for p in parts)
+    assert all(torch.equal(p, w) for p, w in zip(parts, packed.split(E)))
 
 
 def test_no_growth_guard():
