@@ -10,6 +10,7 @@ from typing import Optional
 import pytest
 import torch
 
+from xnnfold import runtime_weight
 from xnnfold.bench.measure import STOCK, XNNFOLD, Lowered, lower, max_abs_diff, run_pte
 
 torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
@@ -50,7 +51,7 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
                    run_inputs: Optional[list] = None, tol: float = 1e-5,
                    partitioner_kwargs: Optional[dict] = None, ideal=None,
                    stock_run: str = "compare", compare_counts: bool = True,
-                   rules=None) -> Checked:
+                   rules=None, stock_if_modified: bool = False) -> Checked:
     """Export (unless ``ep`` is given), lower stock and xnnfold, run both on the runtime.
 
     Asserts what holds for *every* program: the xnnfold .pte matches eager within ``tol``, and
@@ -67,15 +68,23 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     .pte is run and compared, and ``stock`` is None. ``compare_counts=False`` leaves the
     byte and count comparisons to the caller (the property test states its own). ``rules``:
     the xnnfold.rules.RuleSet xnnfold lowers with (tests of a rule pass one without it).
+    ``stock_if_modified``: lower stock only if xnnfold changed the program; if it did not, the
+    xnnfold lowering *is* the stock one (the program handed to the stock partitioner's logic is
+    ``ep``, with no GEMM marked), so only the xnnfold .pte is run and ``stock`` is None.
     """
     if ep is None:
         ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
     if stock_run == "fails_to_lower":
         assert not (run_inputs or reference or ideal), "fails_to_lower checks the inputs only"
         return _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs)
-    stock = lower(ep, STOCK, partitioner_kwargs)
     folded = lower(ep, XNNFOLD, {**(partitioner_kwargs or {}),
                                  **({"rules": rules} if rules is not None else {})})
+    if stock_if_modified and not folded.fold.modified:
+        assert folded.fold.fallback is None, folded.fold.fallback
+        assert not any(map(runtime_weight.is_marked, folded.fold.program.graph.nodes))
+        return _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs,
+                                               folded=folded, run_inputs=run_inputs)
+    stock = lower(ep, STOCK, partitioner_kwargs)
     diffs = {STOCK: 0.0, XNNFOLD: 0.0}
     for args in [inputs] + list(run_inputs or []):
         with torch.no_grad():
@@ -112,13 +121,19 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     return Checked(stock, folded, diffs[STOCK], diffs[XNNFOLD], ideal_lowered)
 
 
-def _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs) -> Checked:
-    with pytest.raises(Exception):
-        lower(ep, STOCK, partitioner_kwargs)
-    folded = lower(ep, XNNFOLD, partitioner_kwargs)
+def _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs, folded=None,
+                                    run_inputs=None) -> Checked:
+    """Only the xnnfold .pte is run and compared (``stock`` is None): where stock's lowering
+    raises, or (``folded`` given) where xnnfold's lowering is stock's."""
+    if folded is None:
+        with pytest.raises(Exception):
+            lower(ep, STOCK, partitioner_kwargs)
+        folded = lower(ep, XNNFOLD, partitioner_kwargs)
     assert folded.fold is not None and folded.fold.fallback is None, folded.fold.fallback
-    with torch.no_grad():
-        diff = max_abs_diff(run_pte(folded.pte, inputs), model(*inputs))
+    diff = 0.0
+    for args in [inputs] + list(run_inputs or []):
+        with torch.no_grad():
+            diff = max(diff, max_abs_diff(run_pte(folded.pte, args), model(*args)))
     assert diff <= tol, f"xnnfold .pte differs from eager by {diff}"
     return Checked(None, folded, float("nan"), diff)
 
@@ -169,3 +184,10 @@ class Params(torch.nn.Module):
 def xnnfold_log(caplog):
     caplog.set_level(logging.WARNING, logger="xnnfold")
     return caplog
+
+
+def pytest_collection_modifyitems(items):
+    """The property shards (the suite's longest tests, about 45 s each) first: workers start
+    with them and the short tests fill in behind, instead of one worker finishing on a long
+    shard while the other idles."""
+    items.sort(key=lambda item: 0 if "test_generated_programs" in item.nodeid else 1)

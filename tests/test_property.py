@@ -10,7 +10,7 @@ Properties: lowering never raises; the xnnfold .pte runs and matches eager; it n
 GEMMs outside delegates than stock; it never stores more tensor bytes than stock; and, unless a
 conv was folded (XNNPACK stores conv weights in more bytes than the portable program), its .pte
 is no larger than stock's but for XNNPACK's fixed per-GEMM and per-constant overhead. CI profile:
-``XNNFOLD_EXAMPLES`` examples (default 100) in four seeded shards; ``XNNFOLD_FUZZ=1``: one random run.
+``XNNFOLD_EXAMPLES`` examples (default 100) in eight seeded shards; ``XNNFOLD_FUZZ=1``: one random run.
 """
 
 import os
@@ -150,7 +150,9 @@ def check_spec(spec):
     dynamic = ({0: torch.export.Dim("rows", min=2, max=16)},) if spec["dynamic"] else None
     others = [(torch.randn(7, spec["k"]),)] if spec["dynamic"] else []
     checked = check_lowering(model, (x,), dynamic_shapes=dynamic, run_inputs=others,
-                             tol=1e-4, compare_counts=False)
+                             tol=1e-4, compare_counts=False, stock_if_modified=True)
+    if checked.stock is None:
+        return    # xnnfold left the program as it was: the stock lowering, by construction
     folded, stock = checked.folded, checked.stock
     assert len(folded.gemms_outside) <= len(stock.gemms_outside)
     assert folded.constant_bytes <= stock.constant_bytes     # also in the helper: the core one
@@ -166,7 +168,7 @@ EXAMPLES = int(os.environ.get("XNNFOLD_EXAMPLES", "100"))
 FUZZ = os.environ.get("XNNFOLD_FUZZ") is not None
 # The CI profile is cut into seeded shards, separate tests that pytest-xdist gives to different
 # workers; make fuzz is one random run.
-SHARDS = 1 if FUZZ else 4
+SHARDS = 1 if FUZZ else 8
 
 
 def _generated_programs_test(shard: int):
