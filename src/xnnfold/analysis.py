@@ -31,10 +31,9 @@ class ProgramFacts:
     """What one look at a program tells: static nodes and the tensors behind placeholders."""
 
     ep: ExportedProgram
-    static: set = field(default_factory=set)          # names of static nodes
-    why_not_static: dict = field(default_factory=dict)  # name -> (culprit node name, reason)
-    placeholder_values: dict = field(default_factory=dict)  # name -> real tensor
-    nodes: dict = field(default_factory=dict)        # name -> node
+    static: set = field(default_factory=set)          # the static nodes of ``ep``'s graph
+    why_not_static: dict = field(default_factory=dict)  # node -> (culprit node name, reason)
+    placeholder_values: dict = field(default_factory=dict)  # placeholder node -> real tensor
 
 
 @dataclass
@@ -106,22 +105,23 @@ def _pure_op_reason(node: torch.fx.Node) -> Optional[str]:
 
 
 def find_static(ep: ExportedProgram) -> ProgramFacts:
+    """One pass over ``ep``'s graph, in order; the facts are keyed by ``ep``'s own nodes."""
     facts = ProgramFacts(ep=ep)
-    facts.placeholder_values = static_inputs(ep)
+    values = static_inputs(ep)
     for node in ep.graph.nodes:
-        facts.nodes[node.name] = node
         if node.op == "placeholder":
-            if node.name in facts.placeholder_values:
-                facts.static.add(node.name)
+            if node.name in values:
+                facts.static.add(node)
+                facts.placeholder_values[node] = values[node.name]
             else:
-                facts.why_not_static[node.name] = (node.name, "is a user input or mutable buffer")
+                facts.why_not_static[node] = (node.name, "is a user input or mutable buffer")
             continue
         if node.op != "call_function":
             continue
-        culprit = next((i for i in data_inputs(node) if i.name not in facts.static), None)
+        culprit = next((i for i in data_inputs(node) if i not in facts.static), None)
         if culprit is not None:
-            facts.why_not_static[node.name] = facts.why_not_static.get(
-                culprit.name, (culprit.name, "is not static"))
+            facts.why_not_static[node] = facts.why_not_static.get(
+                culprit, (culprit.name, "is not static"))
             continue
         reason = _pure_op_reason(node)
         if reason is None and has_symbols(node.meta.get("val")):
@@ -129,9 +129,9 @@ def find_static(ep: ExportedProgram) -> ProgramFacts:
         if reason is None and any(has_symbols(a) for a in _flat_args(node)):
             reason = "takes a symbolic size"
         if reason is None:
-            facts.static.add(node.name)
+            facts.static.add(node)
         else:
-            facts.why_not_static[node.name] = (node.name, reason)
+            facts.why_not_static[node] = (node.name, reason)
     return facts
 
 
@@ -154,12 +154,11 @@ def cone_of(node: torch.fx.Node, facts: ProgramFacts) -> list:
     seen, stack = set(), [node]
     while stack:
         current = stack.pop()
-        if current.name in seen or current.op != "call_function":
+        if current in seen or current.op != "call_function":
             continue
-        seen.add(current.name)
+        seen.add(current)
         stack.extend(data_inputs(current))
-    order = {n.name: i for i, n in enumerate(node.graph.nodes)}
-    return sorted((facts.nodes[name] for name in seen), key=lambda n: order[n.name])
+    return [n for n in node.graph.nodes if n in seen]
 
 
 def is_metadata_assertion(node: torch.fx.Node) -> bool:
@@ -186,13 +185,13 @@ def find_operands(ep: ExportedProgram, facts: Optional[ProgramFacts] = None) -> 
     gemms = [(node, gemm_spec(node)) for node in ep.graph.nodes if gemm_spec(node) is not None]
     classified = {}
     for node, spec in gemms:
-        if node.name not in facts.static:
+        if node not in facts.static:
             classified[node] = [_classify(node, spec.kind, role, arg, facts)
                                 for role, arg in operand_roles(node)]
-    inner = {n.name for operands in classified.values() for o in operands if o.target
+    inner = {n for operands in classified.values() for o in operands if o.target
              for n in o.target.cone}
     for node, spec in gemms:
-        if node.name in facts.static and node.name not in inner:
+        if node in facts.static and node not in inner:
             classified[node] = [_classify(node, spec.kind, role, arg, facts)
                                 for role, arg in operand_roles(node)]
     return [o for node, _ in gemms for o in classified.get(node, [])]
@@ -204,18 +203,18 @@ def _classify(gemm, kind, role, arg, facts) -> Operand:
     if is_dequantize(arg) and arg.args and isinstance(arg.args[0], torch.fx.Node):
         target_node, dq = arg.args[0], arg
     if target_node.op == "placeholder" or target_node.op == "get_attr":
-        status = "plain" if target_node.name in facts.static or target_node.op == "get_attr" \
+        status = "plain" if target_node in facts.static or target_node.op == "get_attr" \
             else "dynamic"
         culprit, reason = (None, None) if status == "plain" else (
             target_node.name, "is a user input or mutable buffer")
         return Operand(gemm, kind, role, arg, status, culprit, reason)
     removed = removed_by_decomposition(target_node)
-    if removed is not None and removed[0].args[0].name in facts.static:
+    if removed is not None and removed[0].args[0] in facts.static:
         return Operand(gemm, kind, role, arg, "plain", removed[-1].name,
                        f"{', '.join(op_name(n.target) for n in removed)} on a param is removed "
                        "by decomposition: stock delegates it as is")
-    if target_node.name not in facts.static:
-        culprit, reason = facts.why_not_static.get(target_node.name,
+    if target_node not in facts.static:
+        culprit, reason = facts.why_not_static.get(target_node,
                                                    (target_node.name, "is not static"))
         return Operand(gemm, kind, role, arg, "dynamic", culprit, reason)
     target = FoldTarget(gemm, role, target_node, cone_of(target_node, facts), dq)

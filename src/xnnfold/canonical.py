@@ -91,17 +91,12 @@ def linear_args(node: torch.fx.Node) -> Optional[tuple]:
 def _rewritable(node: torch.fx.Node, static: set) -> Optional[tuple]:
     # A GEMM of static inputs is a step of some weight's computation: evaluated as written.
     args = linear_args(node)
-    return args if args is not None and args[0].name not in static else None
-
-
-def rewritable(program: ExportedProgram, static: set) -> bool:
-    """Whether ``canonicalize`` would rewrite anything (so that a copy is worth making)."""
-    return any(_rewritable(node, static) for node in program.graph.nodes)
+    return args if args is not None and args[0] not in static else None
 
 
 def canonicalize(program: ExportedProgram, static: set) -> list:
     """Rewrite, in place, every transposed-weight GEMM of ``program`` (the caller's own copy)
-    whose activation is not static, as ``linear``. ``static`` names the static nodes."""
+    whose activation is not static, as ``linear``. ``static``: the static nodes of ``program``."""
     rewrites = []
     graph = program.graph
     for node in list(graph.nodes):

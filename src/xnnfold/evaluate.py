@@ -1,8 +1,8 @@
 """Evaluate the static cones of fold targets on the program's real tensors.
 
 Each node is run once, with the same ATen op and arguments the program would run, so a folded
-value is the value eager computes, bit for bit. Values are cached by node name so that the parts
-of one ``split`` share one evaluation.
+value is the value eager computes, bit for bit. Values are cached by node so that the parts of
+one ``split`` share one evaluation.
 """
 
 from __future__ import annotations
@@ -18,30 +18,30 @@ from .errors import at_node
 class ConeEvaluator:
     def __init__(self, facts: ProgramFacts):
         self._facts = facts
-        self._values = {name: value.detach() for name, value in facts.placeholder_values.items()}
+        self._values = {node: value.detach() for node, value in facts.placeholder_values.items()}
 
     def value(self, node: torch.fx.Node):
         """The real value of a static node (evaluating its inputs first)."""
-        if node.name in self._values:
-            return self._values[node.name]
+        if node in self._values:
+            return self._values[node]
         pending = [node]
         while pending:  # iterative post-order: cones can be deep chains
             current = pending[-1]
-            missing = [i for i in data_inputs(current) if i.name not in self._values]
+            missing = [i for i in data_inputs(current) if i not in self._values]
             if missing:
                 pending.extend(missing)
                 continue
             pending.pop()
-            if current.name not in self._values:
-                self._values[current.name] = self._run(current)
-        return self._values[node.name]
+            if current not in self._values:
+                self._values[current] = self._run(current)
+        return self._values[node]
 
     def _run(self, node: torch.fx.Node):
         if len(node.all_input_nodes) > 1 and is_identity(node):
-            return self._values[node.args[0].name]   # its value is its first input's
+            return self._values[node.args[0]]   # its value is its first input's
         with at_node(node, "evaluating"), torch.no_grad():
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs),
-                                                 lambda n: self._values[n.name])
+                                                 lambda n: self._values[n])
             return node.target(*args, **kwargs)
 
 

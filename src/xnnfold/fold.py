@@ -19,7 +19,7 @@ from executorch.backends.transforms.utils import (
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from .analysis import ProgramFacts, is_metadata_assertion
+from .analysis import is_metadata_assertion
 from .errors import FoldError, at_node
 from .evaluate import ConeEvaluator, own_storage
 
@@ -44,22 +44,32 @@ class Folded:
     freed_params: list = field(default_factory=list)  # state_dict / constants keys dropped
 
 
-def copy_program(ep: ExportedProgram) -> ExportedProgram:
-    """A deep copy of ``ep`` whose graph and signature are new but whose tensors are shared."""
+def copy_with_nodes(ep: ExportedProgram) -> tuple:
+    """A deep copy of ``ep`` whose graph and signature are new but whose tensors are shared, and
+    the map from each node of ``ep`` to its copy (what was decided about a node of ``ep``
+    applies to its copy: nothing is looked up by name)."""
     memo = {id(t): t for t in list(ep.state_dict.values()) + list(ep.constants.values())}
     copied = copy.deepcopy(ep, memo)
+    # fx's graph copy records each node's copy in the memo, keyed by the node itself.
+    nodes = {node: memo[node] for node in ep.graph.nodes if node.op != "output"}
+    nodes[ep.graph.output_node()] = copied.graph.output_node()
     # fx renames a node named after a Python builtin when it copies a graph (``input`` becomes
     # ``input_1``, the argument name of nn.Linear's and nn.Conv's forward), but the signature
     # keeps the old name, and the copy no longer knows which placeholder is a user input. Give
     # the nodes back their names, as torch.export itself assigns them.
     renamed = False
-    for original, node in zip(ep.graph.nodes, copied.graph.nodes):
+    for original, node in nodes.items():
         if node.name != original.name:
             node.name = original.name
             renamed = True
     if renamed:
         copied.graph_module.recompile()
-    return copied
+    return copied, nodes
+
+
+def copy_program(ep: ExportedProgram) -> ExportedProgram:
+    """:func:`copy_with_nodes` without the map."""
+    return copy_with_nodes(ep)[0]
 
 
 def _constant_name(source: str, graph: torch.fx.Graph) -> str:
@@ -92,14 +102,15 @@ def _checked_value(node: torch.fx.Node, value) -> torch.Tensor:
     return own_storage(value)
 
 
-def apply_folds(ep: ExportedProgram, facts: ProgramFacts, members: list) -> Folded:
-    """Fold ``members`` (plan.FoldNode) of ``ep`` into constants, in a new program."""
-    folded = Folded(copy_program(ep))
-    program = folded.program
+def apply_folds(ep: ExportedProgram, evaluator: ConeEvaluator, members: list) -> Folded:
+    """Fold ``members`` (plan.FoldNode, nodes of ``ep``) into constants, in a copy of ``ep``.
+
+    ``evaluator`` evaluates nodes of ``ep`` (and keeps their values across the probe rounds).
+    """
+    program, nodes = copy_with_nodes(ep)
+    folded = Folded(program)
     graph = program.graph
-    nodes = {n.name: n for n in graph.nodes}
-    evaluator = ConeEvaluator(facts)
-    users_before = {n.name: len(n.users) for n in graph.nodes if n.op == "placeholder"}
+    users_before = {n: len(n.users) for n in graph.nodes if n.op == "placeholder"}
 
     for member in members:
         with at_node(member.node, "folding"):
@@ -108,17 +119,16 @@ def apply_folds(ep: ExportedProgram, facts: ProgramFacts, members: list) -> Fold
                 constant = create_constant_placeholder(
                     program, graph, _constant_name(member.name, graph),
                     InputKind.CONSTANT_TENSOR, value)
-            old = nodes[member.name]
             for consumer in member.consumers:
-                nodes[consumer.name].replace_input_with(old, constant)
+                nodes[consumer].replace_input_with(nodes[member.node], constant)
             folded.constants.append(FoldedConstant(
                 constant.name, member.name, [c.name for c in member.consumers],
                 tuple(value.shape), value.dtype))
 
     # Drop the cone nodes nothing reads any more (latest first), then the params they freed.
-    cone = {n.name for m in members for n in m.cone}
+    cone = {nodes[n] for m in members for n in m.cone}
     for node in reversed(list(graph.nodes)):
-        if node.name not in cone:
+        if node not in cone:
             continue
         if all(is_metadata_assertion(u) for u in node.users):
             for assertion in list(node.users):
@@ -128,7 +138,7 @@ def apply_folds(ep: ExportedProgram, facts: ProgramFacts, members: list) -> Fold
     targets = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
                **signature.inputs_to_lifted_tensor_constants}
     for node in [n for n in graph.nodes if n.op == "placeholder"]:
-        if node.name not in targets or len(node.users) >= users_before.get(node.name, 0):
+        if node.name not in targets or len(node.users) >= users_before.get(node, 0):
             continue   # not a param, or the fold took none of its users
         # ``.to()`` asserts the metadata of the *param* it casts: once the cast is folded, the
         # assertion is all that keeps the param alive. It holds by construction on a value

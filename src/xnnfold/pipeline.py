@@ -16,11 +16,12 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from . import plan, rules
-from .analysis import find_operands, find_static
-from .canonical import canonicalize, rewritable
+from .analysis import ProgramFacts, find_operands, find_static
+from .canonical import canonicalize
 from .runtime_weight import mark_runtime_weights
 from .errors import FoldError
-from .fold import apply_folds, copy_program
+from .evaluate import ConeEvaluator
+from .fold import apply_folds, copy_program, copy_with_nodes
 from .projections import find_packed_projections, split_packed_projections
 from .rules import DEFAULT_RULES, Decline, Rule, RuleSet, Status
 
@@ -113,20 +114,23 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     """Canonicalize GEMMs, split packed projections, then fold; undo each split whose parts
     were not all folded and delegated (rule *split*).
 
-    Each site thus ends either fully split, folded and delegated, or exactly as it was.
+    ``ep`` is only read: the pass copies it once (graph and signature; tensors are shared) and
+    rewrites that copy. Each site thus ends either fully split, folded and delegated, or exactly
+    as it was.
     """
-    base, facts, rewrites = ep, find_static(ep), []
-    if rewritable(ep, facts.static):
-        base = copy_program(ep)
-        rewrites = canonicalize(base, facts.static)
-        facts = find_static(base)
+    base = copy_program(ep)
+    facts = find_static(base)
+    rewrites = canonicalize(base, facts.static)
+    if rewrites:
+        facts = find_static(base)     # the rewritten graph
     sites, kept = find_packed_projections(facts), []
     while True:
-        program = base
-        if sites:
-            program = copy_program(base)
-            split_packed_projections(program, sites)
-        result = _fold_and_probe(program, probe, rule_set)
+        program_facts = facts
+        if sites:   # a split round: a copy of the rewritten program, split and analysed
+            program, nodes = copy_with_nodes(base)
+            split_packed_projections(program, sites, nodes)
+            program_facts = find_static(program)
+        result = _fold_and_probe(program_facts, probe, rule_set)
         rows = {(row.gemm, row.role): row for row in result.operands}
         newly_kept = []
         for site in sites:
@@ -141,18 +145,24 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
         site.part_linears = {}
     result.projections = sites + kept
     result.canonical = rewrites
-    return mark_runtime_weights(ep, result)
+    mark_runtime_weights(result)
+    if result.program is base and not rewrites and \
+            not any(row.runtime_weight for row in result.operands):
+        result.program = ep    # nothing changed: the caller's own program
+    return result
 
 
-def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet
+def _fold_and_probe(facts: ProgramFacts, probe: Optional[Probe], rule_set: RuleSet
                     ) -> FoldResult:
-    """Plan and fold; ask the probe which GEMMs XNNPACK takes, and fold again without the
-    groups it takes none of, until the probe agrees."""
-    facts = find_static(ep)
-    operands = find_operands(ep, facts)
+    """Plan and fold ``facts.ep``; ask the probe which GEMMs XNNPACK takes, and fold again
+    without the groups it takes none of, until the probe agrees. Each round folds into a fresh
+    copy of ``facts.ep``; values are evaluated once, for all rounds."""
+    program = facts.ep
+    operands = find_operands(program, facts)
     targets = [op.target for op in operands if op.status == "target"]
     groups = plan.group_fold_nodes(plan.fold_nodes(targets))
     rules.apply(groups, facts, rule_set.before_probe)
+    evaluator = ConeEvaluator(facts)
 
     folded, rounds = None, 0
     # Each round that changes anything declines at least one more group: this terminates.
@@ -161,7 +171,7 @@ def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
         if not members:
             folded = None
             break
-        folded = apply_folds(ep, facts, members)
+        folded = apply_folds(program, evaluator, members)
         if probe is None:
             break
         rounds += 1
@@ -173,7 +183,7 @@ def _fold_and_probe(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
             break
 
     constants = {c.source: c.name for c in folded.constants} if folded else {}
-    result = FoldResult(folded.program if folded else ep,
+    result = FoldResult(folded.program if folded else program,
                         _describe(operands, groups, constants), probe_rounds=rounds)
     if folded:
         result.constants, result.freed_params = folded.constants, folded.freed_params

@@ -53,16 +53,16 @@ class Group:
 
 def fold_nodes(targets: Iterable[FoldTarget]) -> list:
     """One FoldNode per distinct node to fold (two GEMMs may read the same computed weight)."""
-    by_name: dict = {}
+    by_node: dict = {}
     for target in targets:
         consumer = target.through_dequantize or target.gemm
-        entry = by_name.get(target.node.name)
+        entry = by_node.get(target.node)
         if entry is None:
-            entry = by_name[target.node.name] = FoldNode(target.node, [], [], target.cone)
+            entry = by_node[target.node] = FoldNode(target.node, [], [], target.cone)
         if consumer not in entry.consumers:
             entry.consumers.append(consumer)
         entry.targets.append(target)
-    return list(by_name.values())
+    return list(by_node.values())
 
 
 def group_fold_nodes(nodes: list) -> list:
@@ -77,13 +77,13 @@ def group_fold_nodes(nodes: list) -> list:
 
     owner: dict = {}
     for index, entry in enumerate(nodes):
-        touched = {n.name for n in entry.cone}
-        touched |= {i.name for n in entry.cone for i in n.all_input_nodes}
-        for name in touched:
-            if name in owner:
-                parent[find(index)] = find(owner[name])
+        touched = set(entry.cone)
+        touched |= {i for n in entry.cone for i in n.all_input_nodes}
+        for node in touched:
+            if node in owner:
+                parent[find(index)] = find(owner[node])
             else:
-                owner[name] = index
+                owner[node] = index
     groups: dict = {}
     for index, entry in enumerate(nodes):
         groups.setdefault(find(index), Group()).members.append(entry)
@@ -95,24 +95,21 @@ def group_fold_nodes(nodes: list) -> list:
 
 
 def freed_nodes(group: Group) -> set:
-    """Names of the nodes (cone nodes and params) left with no user once ``group`` is folded.
+    """The nodes (cone nodes and params) left with no user once ``group`` is folded.
 
     A folded node's consumers read the constant instead; every other user keeps the node (and
     so its inputs) alive. A part also used by a non-GEMM op therefore frees nothing.
     """
-    rewired = {m.name: {c.name for c in m.consumers} for m in group.members}
-    candidates = {n.name: n for m in group.members for n in m.cone}
-    for node in list(candidates.values()):
-        for source in node.all_input_nodes:
-            if source.op == "placeholder":
-                candidates[source.name] = source
-    order = {n.name: i for i, n in enumerate(next(iter(candidates.values())).graph.nodes)} \
-        if candidates else {}
+    rewired = {m.node: set(m.consumers) for m in group.members}
+    candidates = {n for m in group.members for n in m.cone}
+    candidates |= {s for n in candidates for s in n.all_input_nodes if s.op == "placeholder"}
+    if not candidates:
+        return set()
     dead: set = set()
-    for name in sorted(candidates, key=order.get, reverse=True):
-        node = candidates[name]
-        skip = rewired.get(name, set())
-        if all(u.name in dead or u.name in skip or is_metadata_assertion(u)
-               for u in node.users):
-            dead.add(name)
+    for node in reversed(next(iter(candidates)).graph.nodes):   # users before their inputs
+        if node not in candidates:
+            continue
+        skip = rewired.get(node, set())
+        if all(u in dead or u in skip or is_metadata_assertion(u) for u in node.users):
+            dead.add(node)
     return dead

@@ -49,6 +49,8 @@ class PackedProjection:
     selects: dict                # part index -> name of the select node that takes it
     part_linears: dict = field(default_factory=dict)   # part index -> new linear's name
     kept_because: Optional[Decline] = None   # xnnfold.rules.Decline, when undone
+    # the nodes named above, in the program the site was found in: linear, chain, selects
+    found: tuple = field(default=(), repr=False, compare=False)
 
     def describe(self) -> str:
         if self.kept_because is not None:
@@ -86,7 +88,7 @@ def _has_dequantize(node: torch.fx.Node, facts: ProgramFacts) -> bool:
 def _static_operand(node: Optional[torch.fx.Node], facts: ProgramFacts) -> bool:
     if node is None:
         return True
-    if node.name not in facts.static or _has_dequantize(node, facts):
+    if node not in facts.static or _has_dequantize(node, facts):
         return False
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and val.is_floating_point()
@@ -139,10 +141,12 @@ def match(linear: torch.fx.Node, facts: ProgramFacts) -> Optional[PackedProjecti
         index = user.args[2] % parts
         if index in selects:   # the same part taken twice: keep the graph as it is
             return None
-        selects[index] = user.name
+        selects[index] = user
     if not selects:
         return None
-    return PackedProjection(linear.name, parts, width, [n.name for n in layout], selects)
+    return PackedProjection(linear.name, parts, width, [n.name for n in layout],
+                            {i: n.name for i, n in selects.items()},
+                            found=(linear, layout, selects))
 
 
 def find_packed_projections(facts: ProgramFacts) -> list:
@@ -158,25 +162,28 @@ def _row_block(graph: torch.fx.Graph, source: torch.fx.Node, start: int, stop: i
     return block
 
 
-def split_packed_projections(program: ExportedProgram, sites: list) -> None:
-    """Rewrite each site of ``program`` in place: one linear per selected part.
+def split_packed_projections(program: ExportedProgram, sites: list, nodes: dict) -> None:
+    """Rewrite each site in ``program`` in place: one linear per selected part.
 
-    ``program`` must be the caller's own copy. Records each new linear's name in its site.
+    ``program`` must be the caller's own copy of the program the sites were found in, and
+    ``nodes`` the map from that program's nodes to ``program``'s (``fold.copy_with_nodes``).
+    Records each new linear's name in its site.
     """
     graph = program.graph
-    nodes = {n.name: n for n in graph.nodes}
     for site in sites:
-        with at_node(nodes[site.linear], "splitting the packed projection"):
-            _split(graph, nodes, site)
+        linear, chain, selects = site.found
+        linear, chain = nodes[linear], [nodes[n] for n in chain]
+        selects = {index: nodes[n] for index, n in selects.items()}
+        with at_node(linear, "splitting the packed projection"):
+            _split(graph, site, linear, chain, selects)
     graph.lint()
     program.graph_module.recompile()
 
 
-def _split(graph: torch.fx.Graph, nodes: dict, site: PackedProjection) -> None:
-    linear = nodes[site.linear]
+def _split(graph: torch.fx.Graph, site: PackedProjection, linear: torch.fx.Node, chain: list,
+           selects: dict) -> None:
     x, weight, bias = operand(linear, 0), operand(linear, 1), operand(linear, 2)
-    for index, select_name in sorted(site.selects.items()):
-        select = nodes[select_name]
+    for index, select in sorted(selects.items()):
         start, stop = index * site.width, (index + 1) * site.width
         with graph.inserting_before(select):
             stem = f"{site.linear}_part{index}"
@@ -191,5 +198,5 @@ def _split(graph: torch.fx.Graph, nodes: dict, site: PackedProjection) -> None:
         select.replace_all_uses_with(part)
         graph.erase_node(select)
         site.part_linears[index] = part.name
-    for name in reversed([site.linear] + site.chain):
-        graph.erase_node(nodes[name])
+    for node in reversed([linear] + chain):
+        graph.erase_node(node)

@@ -118,10 +118,10 @@ def size(group: Group, facts: ProgramFacts) -> dict:
     folded = sum(_nbytes(m.node) for m in group.members)
     dead = freed_nodes(group)
     freed = sum(value.numel() * value.element_size()
-                for name, value in facts.placeholder_values.items() if name in dead)
+                for node, value in facts.placeholder_values.items() if node in dead)
     if folded <= freed:
         return {}
-    kept = [m.name for m in group.members if m.name not in dead]
+    kept = [m.name for m in group.members if m.node not in dead]
     return _all(group, Decline(Rule.SIZE, kept[0] if kept else group.members[0].name,
                                f"folded tensors take {folded:,} bytes but free only "
                                f"{freed:,} bytes of params (a param stays alive for another "

@@ -25,7 +25,6 @@ from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPr
 
 from .analysis import is_dequantize, is_metadata_assertion
 from .identity import removed_by_decomposition
-from .fold import copy_program
 from .rules import Rule, Status
 
 aten = torch.ops.aten
@@ -146,11 +145,9 @@ def swap_if_smaller(graph: torch.fx.Graph, gemm: torch.fx.Node) -> bool:
     return True
 
 
-def mark_runtime_weights(ep, result):
-    """Mark the GEMMs of ``result.program`` to delegate with a run-time weight; rows say so.
-
-    ``result.program`` is copied first where it is still the caller's ``ep``.
-    """
+def mark_runtime_weights(result) -> None:
+    """Mark, in place, the GEMMs of ``result.program`` (the pass's own copy) to delegate with a
+    run-time weight; their rows say so."""
     by_gemm: dict = {}
     for row in result.operands:
         by_gemm.setdefault(row.gemm, []).append(row)
@@ -158,10 +155,7 @@ def mark_runtime_weights(ep, result):
     marked = {name: why for name, rows in by_gemm.items() if name in nodes
               and (why := _needs_runtime_weight(nodes[name], rows)) is not None}
     if not marked:
-        return result
-    if result.program is ep:
-        result.program = copy_program(ep)
-        nodes = {n.name: n for n in result.program.graph.nodes}
+        return
     graph = result.program.graph
     for name, why in marked.items():
         node = nodes[name]
@@ -175,4 +169,3 @@ def mark_runtime_weights(ep, result):
                          f"weight: {why}"
     graph.lint()
     result.program.graph_module.recompile()
-    return result
