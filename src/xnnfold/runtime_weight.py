@@ -79,11 +79,14 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
     declined = [r for r in rows if r.status == Status.DECLINED and r.rule in _RUNTIME_RULES]
     if declined:
         return f"its {declined[0].role} is declined by rule '{declined[0].rule}'"
-    # The param behind no-op casts (``W.to(x.dtype)``), which decomposition removes.
+    # The param behind no-op casts (``W.to(x.dtype)``), which decomposition removes: a reader
+    # of any of them reads the param.
     chain = removed_by_decomposition(weight) or []
     param = chain[0].args[0] if chain else weight
-    others = [u for u in param.users if u not in chain and not is_metadata_assertion(u) and (
-        u.target is not aten.linear.default or len(u.args) < 2 or u.args[1] is not param)]
+    values = [param, *chain]
+    others = [u for v in values for u in v.users if u not in chain and
+              not is_metadata_assertion(u) and (u.target is not aten.linear.default or
+                                                len(u.args) < 2 or u.args[1] not in values)]
     if param.op == "placeholder" and others:
         # A param also read by a non-GEMM op (a tied embedding's lookup): as a delegate
         # constant it is stored twice, once in the delegate and once for that op. Stock does

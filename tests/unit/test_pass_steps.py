@@ -196,6 +196,24 @@ def test_tied_head_is_marked_and_swapped_and_keeps_its_values():
     assert row.runtime_weight and "swapped" in row.reason
 
 
+def test_tied_head_behind_a_same_dtype_cast_is_marked():
+    # Found by the property test (seed 8): the lookup and the head both read ``w.to(float32)``,
+    # not the param itself; as a delegate constant the table would be stored twice.
+    class CastTied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(50, E))
+
+        def forward(self, tokens, x):
+            w = self.table.to(torch.float32)
+            return F.embedding(tokens, w), x @ w.t()
+
+    ep = export(CastTied(), torch.tensor([1, 2]), torch.randn(3, E))
+    result = pipeline.run(ep, probe=None)
+    (row,) = [r for r in result.operands if r.role == "weight"]
+    assert row.runtime_weight and "also read by embedding" in row.reason
+
+
 def test_untied_plain_linear_is_not_marked():
     class Plain(nn.Module):
         def __init__(self):
