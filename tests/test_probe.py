@@ -144,18 +144,20 @@ def test_asked_once_and_answered_without_lowering(make, folded):
     assert (probe.fast.exports, probe.fast.lowerings) == (1, 0)
 
 
+class Bf16Part(nn.Module):
+    """Two parts of one weight: an fp32 linear XNNPACK takes, a bf16 one it declines."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(32, K))
+
+    def forward(self, x, x16):
+        w1, w2 = self.weight.split(16)
+        return F.linear(x, w1), F.linear(x16, w2.to(torch.bfloat16))
+
+
 def test_a_declined_group_agrees_with_the_whole_program_probe():
     torch.manual_seed(0)
-
-    class Bf16Part(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.randn(32, K))
-
-        def forward(self, x, x16):
-            w1, w2 = self.weight.split(16)
-            return F.linear(x, w1), F.linear(x16, w2.to(torch.bfloat16))
-
     x = torch.randn(5, K)
     ep = torch.export.export(Bf16Part(), (x, x.bfloat16()))
     probe = _probe(verify=True)
@@ -178,6 +180,39 @@ def test_a_disagreement_fails_the_fold_naming_the_gemm(monkeypatch):
     unverified = xnnfold.fold_gemm_params(ep, verify_probe=False)
     assert unverified.fallback is None
     assert {o.rule for o in unverified.operands} == {"delegated"}
+
+
+def _count_whole_program_probes(monkeypatch) -> list:
+    calls = []
+    real = verified_probe.delegated_placeholders
+    monkeypatch.setattr(verified_probe, "delegated_placeholders",
+                        lambda *args: calls.append(1) or real(*args))
+    return calls
+
+
+def test_a_lowering_checks_the_last_answer_with_its_own_partition(monkeypatch):
+    """Verification of a fold's last answer costs no second decomposition in a lowering: the
+    lowering's partition() is the whole-program judge. On its own, the fold asks the
+    whole-program probe."""
+    calls = _count_whole_program_probes(monkeypatch)
+    ep = torch.export.export(PackedPair(), (torch.randn(5, K),))
+    lowered = lower(ep, XNNFOLD)            # verification on (conftest)
+    assert lowered.fold.fallback is None and len(lowered.fold.folded) == 4   # 2 weights, 2 biases
+    assert calls == []
+    assert xnnfold.fold_gemm_params(ep, verify_probe=True).fallback is None
+    assert calls == [1]
+
+
+def test_a_disagreement_found_by_the_lowerings_partition_fails_it(monkeypatch):
+    """The handed-over check is a real check: a fast probe that takes everything, where
+    XNNPACK declines the bf16 linear, makes the lowering raise, naming that GEMM."""
+    fast = fast_probe.FastProbe.__call__
+    monkeypatch.setattr(fast_probe.FastProbe, "__call__", lambda self, program, constants: (
+        fast(self, program, constants) | set(param_keys(program).values())))
+    x = torch.randn(5, K)
+    ep = torch.export.export(Bf16Part(), (x, x.bfloat16()))
+    with pytest.raises(verified_probe.ProbeDisagreement, match="linear_1"):
+        lower(ep, XNNFOLD)
 
 
 # --------------------------------------------------------------------------------------------

@@ -55,10 +55,20 @@ class FoldGemmParams:
         self.verify_probe = verify_probe
 
     def __call__(self, ep: ExportedProgram) -> pipeline.FoldResult:
+        return self.fold_and_probe(ep)[0]
+
+    def fold_and_probe(self, ep: ExportedProgram, hand_over_last: bool = False) -> tuple:
+        """The result, and the probe it asked; with ``hand_over_last``, the probe's last answer
+        about the result's program may be left for the lowering's ``partition()`` to verify
+        (``probe.pending``; see :meth:`xnnfold.verified_probe.VerifiedProbe.settle`)."""
         _check_program(ep)
-        result = pipeline.run(ep, make_probe(self.partitioner, self.verify_probe), self.rules)
+        probe = make_probe(self.partitioner, self.verify_probe)
+        probe.hand_over_last = hand_over_last
+        result = pipeline.run(ep, probe, self.rules)
+        if result.fallback is not None:
+            probe.pending = None   # about a fold that was given up: nothing left to check
         _isolate(ep, result)
-        return result
+        return result, probe
 
 
 def fold_gemm_params(ep: ExportedProgram,
@@ -109,12 +119,35 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
         self.fold = FoldGemmParams(self, rules, verify_probe)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
+        self._pending = None       # verification handed over to partition() (PendingCheck)
+        self._folded_since_partition = 0
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram
                                         ) -> ExportedProgram:
-        self.last_result = self.fold(exported_program)
+        # With verification on, the fold's last answer is checked by the partition() of this
+        # lowering rather than by a second decomposition. Several programs folded before any
+        # partition() (a multi-method lowering) are checked at once, by the whole program.
+        self._check_pending_now()
+        self._folded_since_partition += 1
+        self.last_result, probe = self.fold.fold_and_probe(
+            exported_program, hand_over_last=self._folded_since_partition == 1)
         self._last_source = weakref.ref(exported_program)
+        self._pending = probe.pending
         return self.last_result.program
+
+    def partition(self, exported_program: ExportedProgram):
+        result = super().partition(exported_program)
+        self._folded_since_partition = 0
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            marked = {row.gemm for row in self.last_result.operands if row.runtime_weight}
+            pending.against(result.tagged_exported_program, marked)
+        return result
+
+    def _check_pending_now(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.now()
 
     def result_for(self, exported_program: ExportedProgram) -> Optional[pipeline.FoldResult]:
         """``last_result`` if it was folded from ``exported_program`` (the same object)."""

@@ -218,6 +218,9 @@ def run(ep: ExportedProgram, probe: Optional[Probe],
     try:
         result = _split_and_fold(ep, probe, rule_set)
         check_no_growth(ep, result)
+        settle = getattr(probe, "settle", None)   # a verifying probe's last check
+        if settle is not None:
+            settle(result.program)
         result.modified = result.program is not ep
         return result
     except FoldError as error:

@@ -28,18 +28,23 @@ class _ProbeFinished(Exception):
         self.tagged = tagged
 
 
+def tagged_keys(program: ExportedProgram) -> set:
+    """State keys of the placeholders of a partitioned ``program`` that carry a delegation tag.
+
+    Placeholders get renamed on the way (a lifted constant gains a "c_" prefix); the
+    state_dict / constants key they stand for does not change.
+    """
+    keys = {s.arg.name: s.target for s in program.graph_signature.input_specs
+            if s.target is not None}
+    return {keys[n.name] for n in program.graph.nodes
+            if n.op == "placeholder" and "delegation_tag" in n.meta and n.name in keys}
+
+
 def _probe_class(base: type) -> type:
     class _Probe(base):
         def partition(self, exported_program):
             result = super().partition(exported_program)
-            program = result.tagged_exported_program
-            # Placeholders get renamed on the way (a lifted constant gains a "c_" prefix);
-            # the state_dict / constants key they stand for does not change.
-            keys = {s.arg.name: s.target for s in program.graph_signature.input_specs
-                    if s.target is not None}
-            tagged = {keys[n.name] for n in program.graph.nodes
-                      if n.op == "placeholder" and "delegation_tag" in n.meta and n.name in keys}
-            raise _ProbeFinished(tagged)
+            raise _ProbeFinished(tagged_keys(result.tagged_exported_program))
 
         def transform_for_pre_decomposition(self, exported_program):
             return exported_program   # the probe must not fold again
