@@ -21,9 +21,10 @@ demo: $(STAMP)
 	$(PY) -m xnnfold report --models cross-attention-512,decoder-layer-512 \
 	    --variants stock,xnnfold,ideal --reps 20 --out out/report
 
-# Two workers (pytest-xdist), tests handed out one by one; module fixtures only export.
+# Two workers (pytest-xdist); the long property shards first (tests/conftest.py), and a worker
+# that runs out of tests takes over half of the other's queue (worksteal).
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist load --durations=5 tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=5 tests
 
 # The property test's long profile: random (not derandomized), 1,000 examples by default, in two
 # processes of half as many (one per core), each printing a progress line every 25 examples;
