@@ -187,7 +187,7 @@ def xnnfold_log(caplog):
 
 
 def pytest_collection_modifyitems(items):
-    """The property shards (the suite's longest tests, about 45 s each) first: workers start
+    """The property shards (the suite's longest tests, 25-35 s each) first: workers start
     with them and the short tests fill in behind, instead of one worker finishing on a long
     shard while the other idles."""
     items.sort(key=lambda item: 0 if "test_generated_programs" in item.nodeid else 1)

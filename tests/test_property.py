@@ -168,7 +168,7 @@ def check_spec(spec):
 EXAMPLES = int(os.environ.get("XNNFOLD_EXAMPLES", "100"))
 FUZZ = os.environ.get("XNNFOLD_FUZZ") is not None
 # The CI profile is cut into seeded shards, separate tests that pytest-xdist gives to different
-# workers; make fuzz is one random run.
+# workers; each process of make fuzz is one random run.
 SHARDS = 1 if FUZZ else 10
 
 
