@@ -80,10 +80,8 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     folded = lower(ep, XNNFOLD, {**(partitioner_kwargs or {}),
                                  **({"rules": rules} if rules is not None else {})})
     if stock_if_modified and not folded.fold.modified:
-        assert folded.fold.fallback is None, folded.fold.fallback
         assert not any(map(runtime_weight.is_marked, folded.fold.program.graph.nodes))
-        return _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs,
-                                               folded=folded, run_inputs=run_inputs)
+        return _check_xnnfold_alone(model, folded, inputs, run_inputs, tol)
     stock = lower(ep, STOCK, partitioner_kwargs)
     diffs = {STOCK: 0.0, XNNFOLD: 0.0}
     for args in [inputs] + list(run_inputs or []):
@@ -121,14 +119,15 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     return Checked(stock, folded, diffs[STOCK], diffs[XNNFOLD], ideal_lowered)
 
 
-def _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs, folded=None,
-                                    run_inputs=None) -> Checked:
-    """Only the xnnfold .pte is run and compared (``stock`` is None): where stock's lowering
-    raises, or (``folded`` given) where xnnfold's lowering is stock's."""
-    if folded is None:
-        with pytest.raises(Exception):
-            lower(ep, STOCK, partitioner_kwargs)
-        folded = lower(ep, XNNFOLD, partitioner_kwargs)
+def _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs) -> Checked:
+    with pytest.raises(Exception):
+        lower(ep, STOCK, partitioner_kwargs)
+    return _check_xnnfold_alone(model, lower(ep, XNNFOLD, partitioner_kwargs), inputs, None, tol)
+
+
+def _check_xnnfold_alone(model, folded, inputs, run_inputs, tol) -> Checked:
+    """Run and compare the xnnfold .pte only (``stock`` is None): where stock's lowering
+    raises, or where xnnfold's lowering is stock's."""
     assert folded.fold is not None and folded.fold.fallback is None, folded.fold.fallback
     diff = 0.0
     for args in [inputs] + list(run_inputs or []):
