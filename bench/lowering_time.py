@@ -32,7 +32,7 @@ from xnnfold import pipeline  # noqa: E402
 from xnnfold.bench import models  # noqa: E402
 from xnnfold.bench.measure import STOCK, XNNFOLD, lower  # noqa: E402
 from xnnfold.partitioner import fold_gemm_params  # noqa: E402
-from xnnfold.verified_probe import whole_program_probe  # noqa: E402
+from xnnfold.probe.verified import whole_program_probe  # noqa: E402
 
 
 class TwoLinears(nn.Module):

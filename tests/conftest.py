@@ -10,12 +10,12 @@ from typing import Optional
 import pytest
 import torch
 
-from xnnfold import runtime_weight
+from xnnfold.steps import runtime_weight
 from xnnfold.bench.measure import STOCK, XNNFOLD, Lowered, lower, max_abs_diff, run_pte
 
 torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
 # Every fold of the suite runs the fast probe and the whole-program probe and fails on any
-# disagreement (xnnfold.verified_probe); export XNNFOLD_VERIFY_PROBE=0 to time the fast path alone.
+# disagreement (xnnfold.probe.verified); export XNNFOLD_VERIFY_PROBE=0 to time the fast path alone.
 os.environ.setdefault("XNNFOLD_VERIFY_PROBE", "1")
 
 # XNNPACK's serialized graph has a per-tensor entry a little larger than the portable program's

@@ -8,7 +8,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from executorch.exir import to_edge, to_edge_transform_and_lower
 
 import xnnfold
-from xnnfold import evaluate
+from xnnfold.steps.fold import evaluate
 from xnnfold.bench import models
 from xnnfold.bench.measure import STOCK, XNNFOLD, inspect_lowered, lower, max_abs_diff, run_pte
 

@@ -115,7 +115,7 @@ IN_PROJ = (48, 16)
 
 
 # The ideal (plain q/k/v linears in MHA's own body) bounds delegate calls and .pte bytes: the
-# packed projections are split into one linear per part (xnnfold.projections).
+# packed projections are split into one linear per part (xnnfold.steps.projections).
 
 
 def test_cross_attention():

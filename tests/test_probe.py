@@ -13,11 +13,12 @@ from executorch.exir import to_edge_transform_and_lower
 from torch import nn
 
 import xnnfold
-from xnnfold import fast_probe, partitioner, pipeline, verified_probe
+from xnnfold import partitioner, pipeline
+from xnnfold.probe import fast as fast_probe, verified as verified_probe
 from xnnfold.bench import models
 from xnnfold.bench.measure import STOCK, XNNFOLD, lower, max_abs_diff, run_pte
-from xnnfold.probe_cut import cut_context, param_keys, signature
-from xnnfold.probe_program import build_module
+from xnnfold.probe.cut import cut_context, param_keys, signature
+from xnnfold.probe.program import build_module
 
 K = 12
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold import analysis, canonical, fold, pipeline, rules, runtime_weight
+from xnnfold import analysis, pipeline, rules
+from xnnfold.steps import canonical, fold, runtime_weight
 from xnnfold.rules import DEFAULT_RULES, Rule
 
 from conftest import Params, assert_all_delegated, check_lowering

@@ -12,8 +12,8 @@ from .partitioner import XnnpackPartitioner, fold_gemm_params
 
 class Explanation(list):
     """The :class:`~xnnfold.pipeline.GemmOperand` rows, plus ``projections`` (each a
-    :class:`~xnnfold.projections.PackedProjection`, split or kept), ``canonical`` (each a
-    :class:`~xnnfold.canonical.CanonicalRewrite`) and ``fallback``."""
+    :class:`~xnnfold.steps.projections.PackedProjection`, split or kept), ``canonical`` (each a
+    :class:`~xnnfold.steps.canonical.CanonicalRewrite`) and ``fallback``."""
 
     def __init__(self, rows, projections=(), fallback: Optional[str] = None, canonical=()):
         super().__init__(rows)

@@ -18,11 +18,11 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from torch.export import ExportedProgram
 
 from . import pipeline
-from .fold import copy_program
+from .steps.fold import copy_program
 from .rules import DEFAULT_RULES, RuleSet
-from .runtime_weight import open_runtime_weight_path
+from .steps.runtime_weight import open_runtime_weight_path
 from .shape_env import give_own_shape_env, has_unbacked_symbols
-from .verified_probe import make_probe
+from .probe.verified import make_probe
 
 logger = logging.getLogger("xnnfold")
 
@@ -60,7 +60,7 @@ class FoldGemmParams:
     def fold_and_probe(self, ep: ExportedProgram, hand_over_last: bool = False) -> tuple:
         """The result, and the probe it asked; with ``hand_over_last``, the probe's last answer
         about the result's program may be left for the lowering's ``partition()`` to verify
-        (``probe.pending``; see :meth:`xnnfold.verified_probe.VerifiedProbe.settle`)."""
+        (``probe.pending``; see :meth:`xnnfold.probe.verified.VerifiedProbe.settle`)."""
         _check_program(ep)
         probe = make_probe(self.partitioner, self.verify_probe)
         probe.hand_over_last = hand_over_last
@@ -109,7 +109,7 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     with ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
     :class:`~xnnfold.pipeline.FoldResult` of the last program. Its linear configs also take the
     GEMMs the fold marks (a weight that cannot be a constant) with their weight as a run-time
-    input; see :mod:`xnnfold.runtime_weight`.
+    input; see :mod:`xnnfold.steps.runtime_weight`.
     """
 
     def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,

@@ -15,20 +15,21 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from . import plan, rules
+from . import rules
+from .steps.fold import plan
 from .analysis import ProgramFacts, find_operands, find_static
-from .canonical import canonicalize
-from .runtime_weight import mark_runtime_weights
+from .steps.canonical import canonicalize
+from .steps.runtime_weight import mark_runtime_weights
 from .errors import FoldError
-from .evaluate import ConeEvaluator
-from .fold import apply_folds, copy_program, copy_with_nodes
-from .projections import find_packed_projections, split_packed_projections
+from .steps.fold.evaluate import ConeEvaluator
+from .steps.fold import apply_folds, copy_program, copy_with_nodes
+from .steps.projections import find_packed_projections, split_packed_projections
 from .rules import DEFAULT_RULES, Decline, Rule, RuleSet, Status
 
 logger = logging.getLogger("xnnfold")
 
 # A probe answers: which of these folded constants (fold.FoldedConstant) of this program end up
-# in a delegate? (state_dict / constants keys; see xnnfold.verified_probe)
+# in a delegate? (state_dict / constants keys; see xnnfold.probe.verified)
 Probe = Callable[[ExportedProgram, list], set]
 
 

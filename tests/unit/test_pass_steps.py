@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold import analysis, canonical, pipeline, plan, projections, rules, runtime_weight
+from xnnfold import analysis, pipeline, rules
+from xnnfold.steps import canonical, projections, runtime_weight
+from xnnfold.steps.fold import plan
 from xnnfold.rules import DEFAULT_RULES, Rule, Status
 
 E = 8

@@ -131,7 +131,7 @@ def why_not_delegated(ep, partitioner=None) -> list:
     outside delegates that XNNPACK's configs declined, the reason they logged."""
     from executorch.exir import to_edge_transform_and_lower
 
-    from ..gemms import op_name
+    from ..analysis.gemms import op_name
     from ..partitioner import XnnpackPartitioner
 
     partitioner = partitioner if partitioner is not None else XnnpackPartitioner()

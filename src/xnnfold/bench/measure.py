@@ -18,7 +18,7 @@ from executorch.exir import to_edge_transform_and_lower
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from ..gemms import EDGE_GEMM_NAMES, EDGE_SPLIT_NAMES, op_name
+from ..analysis.gemms import EDGE_GEMM_NAMES, EDGE_SPLIT_NAMES, op_name
 from ..partitioner import XnnpackPartitioner
 
 # Variants of lowering one exported program.

@@ -10,7 +10,7 @@ nodes behind its inputs, its users and, through a fusable user, their users. Eve
 reads becomes an *external*: a param (buffer) of the probe where the program reads a param,
 buffer or lifted constant, a user input otherwise, with the same dtype, shape and dynamic dims.
 Contexts that are equal up to names (:func:`signature`) get one answer, so a 16-layer stack
-costs one copy of each distinct GEMM. :mod:`xnnfold.probe_program` lays them side by side.
+costs one copy of each distinct GEMM. :mod:`xnnfold.probe.program` lays them side by side.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from .identity import removed_by_decomposition
-from .gemms import op_name
+from ..analysis.identity import removed_by_decomposition
+from ..analysis.gemms import op_name
 
 # The meta key (inside "custom", which export carries over) naming a probe GEMM's context.
 PROBE_GEMM = "xnnfold_probe_gemm"

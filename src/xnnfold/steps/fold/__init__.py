@@ -19,8 +19,8 @@ from executorch.backends.transforms.utils import (
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from .analysis import is_metadata_assertion
-from .errors import FoldError, at_node
+from ...analysis import is_metadata_assertion
+from ...errors import FoldError, at_node
 from .evaluate import ConeEvaluator, own_storage
 
 CONSTANT_PREFIX = "_xnnfold_"

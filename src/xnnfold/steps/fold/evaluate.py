@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .analysis import ProgramFacts, data_inputs
-from .identity import is_identity
-from .errors import at_node
+from ...analysis import ProgramFacts, data_inputs
+from ...analysis.identity import is_identity
+from ...errors import at_node
 
 
 class ConeEvaluator:

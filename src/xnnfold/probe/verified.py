@@ -17,12 +17,12 @@ from typing import Callable, Optional
 from executorch.exir.backend.partitioner import Partitioner
 from torch.export import ExportedProgram
 
-from .errors import FoldError
-from .fast_probe import FastProbe, consumer_gemms
-from .fold import copy_program
-from .probe import delegated_placeholders, tagged_keys
-from .probe_cut import ProbeUnsupported, param_keys
-from .shape_env import give_own_shape_env, has_unbacked_symbols
+from ..errors import FoldError
+from .fast import FastProbe, consumer_gemms
+from ..steps.fold import copy_program
+from .whole import delegated_placeholders, tagged_keys
+from .cut import ProbeUnsupported, param_keys
+from ..shape_env import give_own_shape_env, has_unbacked_symbols
 
 logger = logging.getLogger("xnnfold")
 

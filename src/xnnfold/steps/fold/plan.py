@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch.fx
 
-from .analysis import FoldTarget, is_metadata_assertion
+from ...analysis import FoldTarget, is_metadata_assertion
 
 if TYPE_CHECKING:   # rules imports plan; only annotations need it here
-    from .rules import Decline
+    from ...rules import Decline
 
 
 @dataclass(eq=False)   # identity: rules key their declines by member

@@ -20,7 +20,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from .gemms import op_name
+from ..analysis.gemms import op_name
 
 aten = torch.ops.aten
 

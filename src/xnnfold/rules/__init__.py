@@ -1,6 +1,6 @@
 """Rules: which planned groups are folded, each rule one small function with one signature.
 
-A rule sees a :class:`~xnnfold.plan.Group` and the program's facts and returns the declines it
+A rule sees a :class:`~xnnfold.steps.fold.plan.Group` and the program's facts and returns the declines it
 makes, ``{member: Decline}``; its docstring names the failure it prevents. A
 :class:`RuleSet` says which rules run before the probe and which after it (once every member
 knows whether XNNPACK takes its GEMM); tests pass a reduced set to show a rule is load-bearing.
@@ -17,9 +17,9 @@ from typing import Callable, Optional
 
 import torch
 
-from .analysis import ProgramFacts
-from .gemms import op_name
-from .plan import Group, freed_nodes
+from ..analysis import ProgramFacts
+from ..analysis.gemms import op_name
+from ..steps.fold.plan import Group, freed_nodes
 
 
 class Rule(str, Enum):

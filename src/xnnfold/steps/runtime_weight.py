@@ -23,9 +23,9 @@ import torch
 import torch.fx
 from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 
-from .analysis import is_dequantize, is_metadata_assertion
-from .identity import removed_by_decomposition
-from .rules import Rule, Status
+from ..analysis import is_dequantize, is_metadata_assertion
+from ..analysis.identity import removed_by_decomposition
+from ..rules import Rule, Status
 
 aten = torch.ops.aten
 

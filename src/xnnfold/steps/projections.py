@@ -26,12 +26,12 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from .analysis import ProgramFacts, cone_of, is_dequantize
-from .errors import at_node
-from .gemms import operand
+from ..analysis import ProgramFacts, cone_of, is_dequantize
+from ..errors import at_node
+from ..analysis.gemms import operand
 
 if TYPE_CHECKING:   # rules imports plan (and so this module); annotations only
-    from .rules import Decline
+    from ..rules import Decline
 
 aten = torch.ops.aten
 

@@ -1,0 +1,15 @@
+"""The steps of the pass, in the order a program takes them (see :mod:`xnnfold.pipeline`):
+
+1. :mod:`.canonical` — GEMMs with a transposed weight (``addmm(b, x, W.t())``, ``x @ W.T``)
+   rewritten as ``linear``, so that one constant serves every form;
+2. :mod:`.projections` — MHA's packed in-projection split into one linear per part;
+3. :mod:`.fold` — the static computation of each GEMM's weight and bias, planned in groups,
+   judged by :mod:`xnnfold.rules` and the probe (:mod:`xnnfold.probe`), folded into constants;
+4. :mod:`.runtime_weight` — the linears whose weight cannot be a plain constant, marked to be
+   delegated with a run-time weight.
+
+Each step is a module named after it; ``explain`` names the step that changed each GEMM. What
+steps share lives in packages of its own: :mod:`xnnfold.analysis` (static nodes, GEMM operands),
+:mod:`xnnfold.rules`, :mod:`xnnfold.probe` (XNNPACK's verdict). A new step goes here, and in
+the pipeline's order.
+"""
