@@ -39,8 +39,9 @@ def test_explain(saved, capsys):
     _, path = saved
     assert cli.main(["explain", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    statuses = [line.split()[3] for line in lines[2:] if "packed projection" not in line]
-    assert statuses == ["folded"] * 6 + ["plain"] * 2
+    rows = [line.split() for line in lines[2:] if "packed projection" not in line]
+    assert {tuple(row[1:3]) for row in rows} == {("mha", "(MultiheadAttention)")}, rows
+    assert [row[5] for row in rows] == ["folded"] * 6 + ["plain"] * 2
     assert any("packed projection of 2 parts split into" in line for line in lines), lines
 
 

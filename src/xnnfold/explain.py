@@ -50,10 +50,10 @@ def format_explanation(rows: list, fallback: Optional[str] = None, projections=N
     """
     projections = projections if projections is not None else getattr(rows, "projections", [])
     fallback = fallback or getattr(rows, "fallback", None)
-    table = [[r.gemm, r.kind, r.role, r.status, r.rule or "", r.node or r.constant or "",
-              r.reason or ""] for r in rows]
-    text = _columns(["gemm", "kind", "operand", "status", "rule", "node / constant", "reason"],
-                    table) if table else "no GEMM"
+    table = [[r.gemm, r.module or "", r.kind, r.role, r.status, r.rule or "",
+              r.node or r.constant or "", r.reason or ""] for r in rows]
+    text = _columns(["gemm", "module (class)", "kind", "operand", "status", "rule",
+                     "node / constant", "reason"], table) if table else "no GEMM"
     for rewrite in getattr(rows, "canonical", []):
         text += f"\n{rewrite.describe()}"
     for site in projections:

@@ -18,6 +18,7 @@ from torch.export.graph_signature import InputKind
 from . import rules
 from .steps.fold import plan
 from .analysis import ProgramFacts, find_operands, find_static
+from .analysis.gemms import source_module
 from .steps.canonical import canonicalize
 from .steps.runtime_weight import mark_runtime_weights
 from .errors import FoldError
@@ -50,6 +51,7 @@ class GemmOperand:
     # of its group so that the packed param is freed, and the GEMM reads it on portable
     delegated: Optional[bool] = None
     runtime_weight: bool = False      # delegated with its weight as a run-time input
+    module: Optional[str] = None      # the user's module it came from: "path (Class)"
 
 
 @dataclass
@@ -83,7 +85,8 @@ class FoldResult:
 def _row(op, decline: Optional[Decline] = None, member=None,
          constant: Optional[str] = None) -> GemmOperand:
     """The one place an analysis :class:`~xnnfold.analysis.Operand` becomes a row."""
-    row = GemmOperand(op.gemm.name, op.kind, op.role, Status.PLAIN, reason=op.reason)
+    row = GemmOperand(op.gemm.name, op.kind, op.role, Status.PLAIN, reason=op.reason,
+                      module=source_module(op.gemm))
     if decline is not None:
         row.status, row.rule = Status.DECLINED, decline.rule
         row.node, row.reason = decline.node, decline.reason

@@ -288,3 +288,42 @@ def test_rule_split_undoes_a_projection_with_a_part_not_delegated():
     assert (decline.rule, decline.node) == (Rule.SPLIT, "part1")
     del rows[("part0", "weight")]
     assert "no weight operand" in rules.split_kept(site, rows).reason
+
+
+# --------------------------------------------------------------------------------------------
+# Names in the user's terms
+
+
+class Named(nn.Module):
+    """An MHA (split into per-part linears), a GEMM rewritten as linear, and one in the top
+    level forward: every row names the module the GEMM came from."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.ModuleDict({"attn": nn.MultiheadAttention(E, 2, batch_first=True)})
+        self.head = Transposed()
+        self.top = nn.Parameter(torch.randn(E, 4))
+
+    def forward(self, x, memory):
+        y = self.block["attn"](x, memory, memory, need_weights=False)[0]
+        return self.head(y[0])[1] @ self.top.t()
+
+
+def test_every_row_names_its_module_and_class():
+    torch.manual_seed(0)
+    ep = export(Named(), torch.randn(1, 2, E), torch.randn(1, 4, E))   # 2 rows: row_bias
+    result = pipeline.run(ep, probe=lambda program, constants: {c.name for c in constants})
+    modules = {row.gemm: row.module for row in result.operands}
+    attention = [g for g, m in modules.items() if m == "block.attn (MultiheadAttention)"]
+    heads = [g for g, m in modules.items() if m == "head (Transposed)"]
+    top = [g for g, m in modules.items() if m == "<top level> (Named)"]
+    # q (split part), k and v (split parts), out_proj; the head's five GEMMs (one rewritten as
+    # linear); the top-level matmul
+    assert (len(attention), len(heads), len(top)) == (4, 5, 1), modules
+    assert any("_part" in g for g in attention) and result.canonical, modules
+    from xnnfold import format_explanation
+    from xnnfold.explain import Explanation
+    lines = format_explanation(Explanation.of(result)).splitlines()
+    assert lines[0].split()[:2] == ["gemm", "module"], lines[0]
+    assert all("block.attn (MultiheadAttention)" in line
+               for line in lines[2:] if line.split()[0] in attention), lines

@@ -95,3 +95,15 @@ def op_name(target) -> str:
         overload = schema.overload_name or "default"
         return f"{schema.name.replace('::', '.')}.{overload}"
     return name
+
+
+def source_module(node: torch.fx.Node) -> Optional[str]:
+    """The module of the user's code a node came from, as ``path (Class)``: the innermost entry
+    of the ``nn_module_stack`` that torch.export records (``layer.multihead_attn
+    (MultiheadAttention)``); ``None`` for a node of the top-level forward or one without it."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return None
+    path, type_name = list(stack.values())[-1]
+    class_name = str(getattr(type_name, "__name__", type_name)).rsplit(".", 1)[-1]
+    return f"{path or '<top level>'} ({class_name})"
