@@ -1,7 +1,10 @@
 """The command line on a small saved program and every bad input (the report: test_bench.py)."""
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +84,93 @@ def test_module_entry_point(tmp_path):
     done = subprocess.run([sys.executable, "-m", "xnnfold", "explain", str(tmp_path / "x.pt2")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "no such file" in done.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The report on the user's own model, and what a command needs before it starts
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+USER_MODEL = '''
+import torch
+from torch import nn
+
+
+class Mine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.utils.parametrizations.weight_norm(nn.Linear(16, 4))
+
+    def forward(self, x, memory):
+        return self.head(self.attn(x, memory, memory, need_weights=False)[0])
+
+
+def build():
+    torch.manual_seed(0)
+    return Mine().eval(), (torch.randn(1, 5, 16), torch.randn(1, 7, 16))
+'''
+
+
+def _xnnfold(*args, cwd, prelude=""):
+    """``python -m xnnfold ARGS`` as a user runs it, from ``cwd``; ``prelude`` runs first (to
+    hide a module)."""
+    code = f"{prelude}\nimport sys\nfrom xnnfold.bench.cli import main\nsys.exit(main({list(args)!r}))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": SRC}, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def user_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("outside_the_project")
+    (folder / "mymodel.py").write_text(USER_MODEL)
+    return folder
+
+
+def test_report_on_a_factory_outside_the_project(user_folder):
+    done = _xnnfold("report", "mymodel:build", "--variants", "stock,xnnfold,stock-flag",
+                    "--reps", "2", "--out", "out", cwd=user_folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants = ("stock", "xnnfold", "stock-flag")
+    rows = {line.split()[1]: line.split() for line in done.stdout.splitlines()
+            if line.startswith("mymodel:build ") and line.split()[1] in variants}
+    assert set(rows) == set(variants), done.stdout
+    assert (rows["stock"][2], rows["xnnfold"][2]) == ("3", "0"), done.stdout   # GEMMs outside
+    # the GEMMs in the user's terms: module path and class, and what stock leaves outside
+    assert "attn (MultiheadAttention)" in done.stdout and "head (ParametrizedLinear)" in \
+        done.stdout, done.stdout
+    written = {f.name for f in (user_folder / "out").iterdir()}
+    assert {"report.md", "report.json", "latency.png", "operators.png"} <= written, written
+    saved = json.loads((user_folder / "out" / "report.json").read_text())
+    folded = next(r for r in saved["rows"] if r["variant"] == "xnnfold")
+    assert {g["module"] for g in folded["gemms"]} == {"attn (MultiheadAttention)",
+                                                       "head (ParametrizedLinear)"}
+
+
+def test_report_without_its_packages_says_so_before_any_work(user_folder):
+    done = _xnnfold("report", "mymodel:build", cwd=user_folder,
+                    prelude="import sys; sys.modules['tqdm'] = None")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "xnnfold: error: xnnfold report needs tqdm: pip install 'xnnfold[bench]'"]
+    assert not (user_folder / "mymodel.pyc").exists() and "lowering" not in done.stderr
+
+
+def test_report_without_matplotlib_writes_md_and_json(tmp_path):
+    done = _xnnfold("report", "lora-linear", "--variants", "stock,xnnfold", "--reps", "2",
+                    "--no-profile", "--out", str(tmp_path), cwd=tmp_path,
+                    prelude="import sys; sys.modules['matplotlib'] = None")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "charts need matplotlib (pip install 'xnnfold[bench]')" in done.stderr
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["report.json", "report.md"]
+    assert "matplotlib is not installed" in (tmp_path / "report.md").read_text()
+
+
+def test_quantize_builds_the_converted_model_of_a_factory(user_folder, monkeypatch):
+    from xnnfold.bench.sources import ModelSource
+    monkeypatch.chdir(user_folder)
+    case = ModelSource.of("mymodel:build", "dynamic").build()
+    targets = {str(n.target) for n in case.model.graph.nodes if n.op == "call_function"}
+    assert any("choose_qparams" in t for t in targets), targets      # dynamic: per call
+    assert case.name == "mymodel:build int8-dynamic"
+    with pytest.raises(cli.UsageError, match="expected one of dynamic, static"):
+        ModelSource.of("mymodel:build", "int4")

@@ -8,88 +8,58 @@ is filtered out unless ``--verbose`` (:mod:`xnnfold.bench.quiet`).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import io
-import re
+import importlib.util
 import sys
 from pathlib import Path
 
+from .sources import FACTORY_SPEC, UsageError
 
-class UsageError(Exception):
-    """A problem with what the user gave us: one line, exit code 2."""
-
-
-def _load_program(path: str):
-    import torch
-    from torch.export import ExportedProgram
-
-    file = Path(path)
-    if not file.exists():
-        raise UsageError(f"{path}: no such file")
-    if file.is_dir():
-        raise UsageError(f"{path}: is a directory, expected a .pt2 file")
-    if file.suffix != ".pt2":
-        raise UsageError(f"{path}: not a .pt2 file (save one with torch.export.save)")
-    try:
-        program = torch.export.load(str(file))
-    except Exception as error:  # noqa: BLE001 - any load failure is the file's problem
-        raise UsageError(f"{path}: cannot load the exported program "
-                         f"({type(error).__name__}: {str(error).splitlines()[0][:160]})")
-    if not isinstance(program, ExportedProgram):
-        raise UsageError(f"{path}: holds a {type(program).__name__}, not an ExportedProgram")
-    return program
+# What each command imports beyond the pass, and the extra that installs it.
+_BENCH_EXTRA = "pip install 'xnnfold[bench]'"
+_CHARTS = "matplotlib"
 
 
-_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+def _missing(*modules: str) -> list:
+    """The modules of ``modules`` that do not import here (without importing them)."""
+    missing = []
+    for name in modules:
+        if name in sys.modules:
+            if sys.modules[name] is None:         # an import blocked on purpose
+                missing.append(name)
+            continue
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):
+            missing.append(name)
+    return missing
 
 
-def _from_factory(spec: str):
-    """``package.module:function`` returning ``(module, example_inputs)``: export it."""
-    import torch
-
-    module_name, function_name = spec.split(":")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))   # as ``python -m`` does: the user's own modules
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # noqa: BLE001 - the user's module: say what failed
-        raise UsageError(f"{spec}: cannot import {module_name} "
-                         f"({type(error).__name__}: {str(error).splitlines()[0][:160]})")
-    factory = getattr(module, function_name, None)
-    if not callable(factory):
-        raise UsageError(f"{spec}: {module_name} has no function {function_name}")
-    try:
-        made = factory()
-    except Exception as error:  # noqa: BLE001
-        raise UsageError(f"{spec}: the factory raised {type(error).__name__}: "
-                         f"{str(error).splitlines()[0][:160]}")
-    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)
-            and isinstance(made[1], tuple)):
-        raise UsageError(f"{spec}: the factory must return (torch.nn.Module, tuple of example "
-                         f"inputs), got {type(made).__name__}")
-    printed = io.StringIO()   # a failing export prints the graph it traced; keep that out
-    try:
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-            return torch.export.export(made[0].eval(), made[1])
-    except Exception as error:  # noqa: BLE001
-        raise UsageError(f"{spec}: torch.export failed ({type(error).__name__}: "
-                         f"{str(error).splitlines()[0][:160]})")
+def _require(command: str, *modules: str) -> None:
+    """One line naming what ``command`` needs and how to install it, before any work."""
+    missing = _missing(*modules)
+    if missing:
+        raise UsageError(f"xnnfold {command} needs {', '.join(sorted(missing))}: "
+                         f"{_BENCH_EXTRA}")
 
 
-def _load(source: str):
+def _load(source: str, quantize=None):
     """A .pt2 file, or a ``package.module:function`` factory (told apart by the colon form
-    and there being no such file)."""
-    if _FACTORY.match(source) and not Path(source).exists():
-        return _from_factory(source)
-    return _load_program(source)
+    and there being no such file), exported (:mod:`xnnfold.bench.sources`)."""
+    from .sources import ModelSource, export, load_program
+
+    if not quantize and not (FACTORY_SPEC.match(source) and not Path(source).exists()):
+        return load_program(source)
+    return export(ModelSource.of(source, quantize).build())
 
 
 def _cmd_explain(args) -> int:
     import xnnfold
     from ..explain import Explanation
 
-    program = _load(args.program)
+    if args.all:
+        _require("explain --all", "tabulate")
+    program = _load(args.program, args.quantize)
     if not args.all:
         result = xnnfold.fold_gemm_params(program)
         print(xnnfold.format_explanation(Explanation.of(result)))
@@ -116,7 +86,7 @@ def _cmd_lower(args) -> int:
     from ..explain import Explanation
     from .measure import STOCK, XNNFOLD, lower
 
-    program = _load(args.program)
+    program = _load(args.program, args.quantize)
     output = Path(args.output)
     if output.parent and not output.parent.exists():
         raise UsageError(f"{args.output}: folder {output.parent} does not exist")
@@ -141,9 +111,15 @@ def _cmd_lower(args) -> int:
 
 
 def _cmd_report(args) -> int:
+    _require("report", "tabulate", "tqdm")
+    charts = not _missing(_CHARTS)
+    if not charts:
+        print(f"xnnfold report: charts need {_CHARTS} ({_BENCH_EXTRA}); writing report.md "
+              "and report.json only", file=sys.stderr, flush=True)
     from . import report
 
-    names = [n for n in args.models.split(",") if n] if args.models else None
+    names = [*args.model, *([n for n in args.models.split(",") if n] if args.models else [])]
+    names = names or None
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in report.VARIANTS]
     if unknown or not variants:
@@ -152,12 +128,16 @@ def _cmd_report(args) -> int:
     try:
         result = report.run_report(
             args.size, names, args.reps, Path(args.out), variants=variants, seed=args.seed,
-            profile=not args.no_profile, verbose=args.verbose,
+            profile=not args.no_profile, verbose=args.verbose, quantize=args.quantize,
+            charts=charts,
             on_skip=lambda name, why: print(f"skipped {name}: {why}", flush=True))
     except KeyError as error:
         raise UsageError(error.args[0])
     print(report.rounds_line(result))
     print(report.table(result))
+    for name in dict.fromkeys(r["model"] for r in result["rows"]):
+        if name not in report._known():      # the user's model: its GEMMs in its own terms
+            print(f"\n{name}: GEMMs by module\n{report.gemm_table(result, name)}")
     beside_ideal = report.ideal_table(result)
     if beside_ideal:
         print(f"\n{beside_ideal}")
@@ -176,14 +156,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show what dependencies print (warnings, the runtime's C++ logs)")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    rep = commands.add_parser("report", help="stock vs xnnfold vs ideal on built-in models")
+    rep = commands.add_parser("report", help="stock vs xnnfold (vs stock-flag, ideal) on your "
+                              "model or built-in ones")
+    rep.add_argument("model", nargs="*", help="package.module:function returning (module, "
+                     "example_inputs[, dynamic_shapes]), a .pt2, or a built-in model name")
     rep.add_argument("--size", choices=["small", "large", "all"], default="small")
     rep.add_argument("--models", help="comma-separated built-in model names")
+    rep.add_argument("--quantize", choices=["dynamic", "static"],
+                     help="PT2E-quantize each model first (XNNPACK quantizer, per channel), "
+                     "calibrated on its example inputs")
     rep.add_argument("--reps", type=int, default=20, help="timed runs per variant")
     rep.add_argument("--out", default="out/report", help="folder for report.md/.json/.png")
     rep.add_argument("--variants", default=",".join(
-        ["stock", "xnnfold", "stock-flag", "ideal", "constant_prop_pass"]),
-        help="comma-separated: stock, xnnfold, stock-flag, ideal, constant_prop_pass")
+        ["stock", "xnnfold", "stock-flag", "ideal", "eager-export", "constant_prop_pass"]),
+        help="comma-separated: stock, xnnfold, stock-flag, ideal, eager-export (zoo "
+        "transformers models exported with eager attention, lowered with stock), "
+        "constant_prop_pass; ideal and eager-export where a model has one")
     rep.add_argument("--seed", type=int, default=0, help="seed of the per-round order")
     rep.add_argument("--no-profile", action="store_true",
                      help="skip the ETDump per-operator time breakdown")
@@ -195,11 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     low.add_argument("-o", "--output", required=True, help="the .pte to write")
     low.add_argument("--stock", action="store_true", help="lower with the stock partitioner")
     low.add_argument("--explain", action="store_true", help="print the per-GEMM table")
+    low.add_argument("--quantize", choices=["dynamic", "static"],
+                     help="PT2E-quantize a factory's model first (XNNPACK quantizer)")
     low.set_defaults(func=_cmd_lower)
 
     exp = commands.add_parser("explain", help="per-GEMM: plain, folded or declined and why")
     exp.add_argument("program", help="a .pt2, or package.module:function returning "
                      "(module, example_inputs)")
+    exp.add_argument("--quantize", choices=["dynamic", "static"],
+                     help="PT2E-quantize a factory's model first (XNNPACK quantizer)")
     exp.add_argument("--all", action="store_true",
                      help="also list every op left outside delegates, with XNNPACK's reason")
     exp.set_defaults(func=_cmd_explain)

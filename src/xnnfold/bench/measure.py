@@ -18,7 +18,7 @@ from executorch.exir import to_edge_transform_and_lower
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from ..analysis.gemms import EDGE_GEMM_NAMES, EDGE_SPLIT_NAMES, op_name
+from ..analysis.gemms import EDGE_GEMM_NAMES, EDGE_SPLIT_NAMES, op_name, source_module
 from ..partitioner import XnnpackPartitioner
 
 # Variants of lowering one exported program.
@@ -51,6 +51,7 @@ class Lowered:
     lower_seconds: float
     fold: object = None                # FoldResult, for the xnnfold variant
     delegation: dict = None            # devtools.delegation(): ops in and out, by op type
+    gemm_sources_outside: list = None  # (node, "module (Class)") of each GEMM outside delegates
 
     @property
     def pte_bytes(self) -> int:
@@ -133,12 +134,20 @@ def lower(ep: ExportedProgram, variant: str = XNNFOLD, partitioner_kwargs: Optio
         import executorch.kernels.quantized  # noqa: F401 - registers the out variants
     edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
     ops, calls, constants, kept = inspect_lowered(edge.exported_program())
-    paused = time.perf_counter()      # reading the delegation table is not part of lowering
+    paused = time.perf_counter()      # reading the delegation and GEMMs is not part of lowering
     delegated = delegation(edge.exported_program().graph_module)
+    outside = _gemm_sources_outside(edge.exported_program())
     start += time.perf_counter() - paused
     pte = edge.to_executorch().buffer
     return Lowered(variant, pte, ops, calls, constants, kept, time.perf_counter() - start,
-                   getattr(partitioner, "last_result", None), delegated)
+                   getattr(partitioner, "last_result", None), delegated, outside)
+
+
+def _gemm_sources_outside(edge_program: ExportedProgram) -> list:
+    """The GEMMs left outside delegates, each with the module of the user's code it came from
+    (decomposition carries ``nn_module_stack`` to the edge ops)."""
+    return [(node.name, source_module(node)) for node in edge_program.graph.nodes
+            if node.op == "call_function" and op_name(node.target) in EDGE_GEMM_NAMES]
 
 
 def _has_quantized_ops(ep: ExportedProgram) -> bool:

@@ -9,7 +9,7 @@ is the bar for delegate calls, bytes and latency. Every model is built from a se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,10 @@ class Case:
     inputs: tuple
     ideal: Optional[nn.Module] = None
     dynamic_shapes: Optional[object] = None
+    program: Any = None      # a saved ExportedProgram (a .pt2): lowered as it is, not re-exported
+    # the same model exported another way users can choose (transformers' eager attention),
+    # built on demand: the report's variant "eager-export", lowered with stock
+    eager_export: Optional[Callable[[], nn.Module]] = None
 
 
 # --------------------------------------------------------------------------------------------

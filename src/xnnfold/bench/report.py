@@ -30,10 +30,10 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from . import models
-from .isolated import IDEAL, lower_isolated
+from .isolated import EAGER_EXPORT, IDEAL, lower_isolated
 from .measure import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, PteRunner, max_abs_diff
 
-VARIANTS = (STOCK, XNNFOLD, STOCK_FLAG, IDEAL, CONSTANT_PROP)
+VARIANTS = (STOCK, XNNFOLD, STOCK_FLAG, IDEAL, EAGER_EXPORT, CONSTANT_PROP)
 PROFILED = (STOCK, XNNFOLD)          # the variants whose time the ETDump breaks down
 SCHEMA_VERSION = 2
 
@@ -54,6 +54,7 @@ class Row:
     base_rss_mib: Optional[float] = None
     latency_ms: list = field(default_factory=list)
     op_ms: dict = field(default_factory=dict)    # ETDump: ms per run by portable op / delegate
+    gemms: list = field(default_factory=list)    # isolated.gemm_rows: in the user's terms
     error: Optional[str] = None
 
     @property
@@ -65,11 +66,12 @@ def _error_line(error: Exception) -> str:
     return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
 
 
-def _lower_row(name: str, variant: str, case, expected, folder: str, verbose: bool):
-    row = Row(name, variant)
+def _lower_row(source, variant: str, case, expected, folder: str, verbose: bool):
+    row = Row(source.name, variant)
     runner = None
     try:
-        lowering = lower_isolated(name, variant, folder, verbose)
+        lowering = lower_isolated(source, variant, folder, verbose)
+        row.gemms = lowering.gemms
         runner = PteRunner(Path(lowering.pte_path).read_bytes())
         row.gemms_outside, row.delegate_calls = lowering.gemms_outside, lowering.delegate_calls
         row.ops_delegated = lowering.delegation["delegated"]
@@ -103,20 +105,27 @@ def time_interleaved(runners: dict, inputs: tuple, rounds: int, seed: int = 0,
     return times
 
 
-def measure_model(name: str, reps: int, variants=VARIANTS, seed: int = 0, profile: bool = True,
+def measure_model(source, reps: int, variants=VARIANTS, seed: int = 0, profile: bool = True,
                   folder: Optional[str] = None, progress=None, verbose: bool = False) -> list:
-    """Rows for every variant of one built-in or zoo model."""
+    """Rows for every variant of one model: a :class:`~xnnfold.bench.sources.ModelSource`, or
+    a built-in or zoo model's name."""
     from .devtools import operator_times
+    from .sources import ModelSource, export
 
-    case = models.build(name)
+    source = ModelSource(source) if isinstance(source, str) else source
+    case = source.build()
+    if source.user:
+        export(case)      # the user's model: a model that does not export fails here, at once
     with torch.no_grad():
         expected = case.model(*case.inputs)
     rows, runners = [], {}
     with tempfile.TemporaryDirectory() as scratch:
         for variant in variants:
-            if variant == IDEAL and case.ideal is None:
+            if (variant == IDEAL and case.ideal is None) or \
+                    (variant == EAGER_EXPORT and case.eager_export is None):
                 continue
-            row, runner = _lower_row(name, variant, case, expected, folder or scratch, verbose)
+            row, runner = _lower_row(source, variant, case, expected, folder or scratch,
+                                     verbose)
             rows.append(row)
             if runner is not None:
                 runners[variant] = runner
@@ -136,10 +145,15 @@ def measure_model(name: str, reps: int, variants=VARIANTS, seed: int = 0, profil
 
 
 def model_names(size: str, names: Optional[list] = None) -> list:
+    """``names`` checked (built-in and zoo names, factories and .pt2 files), or the ``size``
+    set's names."""
+    from .sources import is_user_spec
+
     if names:
-        unknown = [n for n in names if n not in _known()]
+        unknown = [n for n in names if n not in _known() and not is_user_spec(n)]
         if unknown:
-            raise KeyError(f"unknown model {unknown[0]!r}; known: {', '.join(_known())}")
+            raise KeyError(f"unknown model {unknown[0]!r}; known: {', '.join(_known())}, or "
+                           "package.module:function, or a .pt2 file")
         return names
     return list({"small": models.SMALL, "large": models.LARGE, "all": models.ALL}[size])
 
@@ -152,19 +166,24 @@ def _known() -> list:
 def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20,
                out: Optional[Path] = None, show_progress: bool = True, variants=VARIANTS,
                seed: int = 0, profile: bool = True, verbose: bool = False,
-               on_skip=None) -> dict:
-    """Measure ``names`` (or the ``size`` set); a zoo model whose package does not import is
-    skipped, its one-line reason in ``report["skipped"]`` and passed to ``on_skip``."""
+               on_skip=None, quantize: Optional[str] = None, charts: bool = True) -> dict:
+    """Measure ``names`` (or the ``size`` set): built-in and zoo names, ``package.module:
+    function`` factories, .pt2 files; with ``quantize`` ("dynamic" or "static"), each model
+    PT2E-quantized first. A zoo model whose package does not import is skipped, its one-line
+    reason in ``report["skipped"]`` and passed to ``on_skip``. ``charts=False`` writes the
+    .md and .json only (matplotlib missing)."""
+    from .sources import ModelSource
     from .zoo import ZooUnavailable
 
     names = model_names(size, names)
+    sources = [ModelSource.of(name, quantize) for name in names]
     rows, skipped = [], {}
     with tqdm(total=len(names) * len(variants), desc="lowering", unit="variant",
               disable=not show_progress) as progress:
-        for name in names:
-            progress.set_postfix_str(name)
+        for name, source in zip(names, sources):
+            progress.set_postfix_str(source.name)
             try:
-                rows.extend(measure_model(name, reps, variants, seed, profile,
+                rows.extend(measure_model(source, reps, variants, seed, profile,
                                           progress=progress, verbose=verbose))
             except ZooUnavailable as error:
                 skipped[name] = str(error)
@@ -179,9 +198,10 @@ def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(report, indent=2))
-        (out / "report.md").write_text(markdown(report))
-        plot(report, out / "latency.png")
-        plot_operator_times(report, out / "operators.png")
+        (out / "report.md").write_text(markdown(report, charts))
+        if charts:
+            plot(report, out / "latency.png")
+            plot_operator_times(report, out / "operators.png")
     return report
 
 
@@ -295,8 +315,38 @@ def ideal_table(report: dict, fmt: str = "simple") -> str:
                     tablefmt=fmt, disable_numparse=True)
 
 
-def markdown(report: dict) -> str:
+def gemm_table(report: dict, model: str, fmt: str = "simple") -> str:
+    """One model's GEMMs in the user's terms, one row per GEMM: module (class) and node, what
+    xnnfold did with its operands, and how many GEMMs of that module stock leaves outside
+    delegates."""
+    found = _by_model(report).get(model, {})
+    stock_outside: dict = {}
+    for g in (found.get(STOCK) or {}).get("gemms") or []:
+        stock_outside[g["module"]] = stock_outside.get(g["module"], 0) + 1
+    by_gemm: dict = {}
+    for g in (found.get(XNNFOLD) or {}).get("gemms") or []:
+        by_gemm.setdefault(g["gemm"], []).append(g)
+    body = []
+    for gemm, operands in by_gemm.items():
+        said = [o["status"] + (f" (rule {o['rule']})" if o["rule"] else "") for o in operands]
+        what = said[0] if len(set(said)) == 1 else \
+            ", ".join(f"{o['operand']} {s}" for o, s in zip(operands, said))
+        module = operands[0]["module"]
+        body.append([module or "", gemm, what, stock_outside.get(module, "")])
+    if not body:
+        return ""
+    return tabulate(body, headers=["module (class)", "node", "xnnfold",
+                                   "stock: GEMMs of the module outside delegates"],
+                    tablefmt=fmt, disable_numparse=True)
+
+
+def markdown(report: dict, charts: bool = True) -> str:
     skipped = "".join(f"- skipped {name}: {why}\n" for name, why in report["skipped"].items())
+    gemms = "".join(f"### {name}\n\n{gemm_table(report, name, 'github')}\n\n"
+                    for name in _by_model(report) if gemm_table(report, name))
+    charts_missing = ("" if charts else
+                      "(charts not drawn: matplotlib is not installed; "
+                      "pip install 'xnnfold[bench]')\n\n")
     return (f"# xnnfold report\n\n{report['date']} · {report['machine']}\n\n"
             f"{rounds_line(report)}\n\n{skipped and skipped + chr(10)}"
             f"{table(report, 'github')}\n\n"
@@ -306,7 +356,8 @@ def markdown(report: dict) -> str:
             f"{lowering_table(report, 'github')}\n\n"
             f"## Ops left outside delegates (executorch get_delegation_info)\n\n"
             f"{outside_table(report, 'github')}\n\n"
-            "![latency](latency.png)\n\n"
+            f"## GEMMs, in the model's terms\n\n{gemms or 'no GEMM'}"
+            f"{charts_missing}![latency](latency.png)\n\n"
             "## Where the time goes (ETDump, ms per run)\n\n![operators](operators.png)\n")
 
 

@@ -1,0 +1,187 @@
+"""Where a model comes from: a built-in or zoo name, the user's factory, or a saved .pt2.
+
+``xnnfold report``, ``lower`` and ``explain`` take any of the three. The report lowers each
+variant in a process of its own (:mod:`xnnfold.bench.isolated`), which must rebuild the model
+there: a :class:`ModelSource` is what crosses the process boundary (a few strings), and
+:meth:`ModelSource.build` rebuilds the :class:`~xnnfold.bench.models.Case` on either side.
+
+- ``package.module:function``: the function returns ``(module, example_inputs)`` or
+  ``(module, example_inputs, dynamic_shapes)``; the caller's folder is importable, as with
+  ``python -m``.
+- ``model.pt2``: a program saved with ``torch.export.save``; its saved example inputs are the
+  report's inputs.
+- ``quantize="dynamic"|"static"``: the XNNPACK PT2E quantizer (per channel) runs on the model
+  first, calibrated on the example inputs; the converted module is the model.
+
+Bad input raises :class:`UsageError`: one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+QUANTIZE = ("dynamic", "static")
+FACTORY_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class UsageError(Exception):
+    """A problem with what the user gave us: one line, exit code 2."""
+
+
+def _first_line(error: BaseException, width: int = 160) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:width]}"
+
+
+def is_user_spec(spec: str) -> bool:
+    """A factory (``package.module:function``) or a ``.pt2`` path, not a built-in name."""
+    return bool(FACTORY_SPEC.match(spec)) or spec.endswith(".pt2") or os.sep in spec
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model by name, factory spec or .pt2 path; picklable, so a child process rebuilds it."""
+
+    spec: str
+    quantize: Optional[str] = None
+    cwd: Optional[str] = None        # the caller's folder: where a factory's module is found
+
+    @classmethod
+    def of(cls, spec: str, quantize: Optional[str] = None) -> "ModelSource":
+        if quantize not in (None, *QUANTIZE):
+            raise UsageError(f"--quantize {quantize}: expected one of {', '.join(QUANTIZE)}")
+        if spec.endswith(".pt2") or (not FACTORY_SPEC.match(spec) and Path(spec).exists()):
+            spec = str(Path(spec).resolve())
+        return cls(spec, quantize, os.getcwd())
+
+    @property
+    def user(self) -> bool:
+        return is_user_spec(self.spec)
+
+    @property
+    def name(self) -> str:
+        """How the report names it: the spec as given (a .pt2 by its file name)."""
+        base = Path(self.spec).name if self.spec.endswith(".pt2") else self.spec
+        return f"{base} int8-{self.quantize}" if self.quantize else base
+
+    def build(self):
+        """The :class:`~xnnfold.bench.models.Case` (seeded for a built-in model)."""
+        from . import models
+
+        if not self.user:
+            if self.quantize:
+                case = models.build(self.spec)
+                return _quantized(case, self.quantize, self.name)
+            return models.build(self.spec)
+        if FACTORY_SPEC.match(self.spec) and not Path(self.spec).exists():
+            case = _from_factory(self.spec, self.cwd)
+        else:
+            case = _from_pt2(self.spec)
+        return _quantized(case, self.quantize, self.name) if self.quantize else case
+
+
+def export(case, module=None):
+    """``case``'s exported program: the saved one of a .pt2, else ``torch.export.export`` of
+    ``module`` (default: the model) with the case's inputs and dynamic shapes."""
+    import torch
+
+    if module is None and case.program is not None:
+        return case.program
+    printed = io.StringIO()   # a failing export prints the graph it traced; keep that out
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            return torch.export.export((module or case.model).eval(), case.inputs,
+                                       dynamic_shapes=case.dynamic_shapes)
+    except Exception as error:  # noqa: BLE001 - the user's model: say what failed
+        raise UsageError(f"{case.name}: torch.export failed ({_first_line(error)})")
+
+
+def _from_factory(spec: str, cwd: Optional[str]):
+    import torch
+
+    from .models import Case
+
+    module_name, function_name = spec.split(":")
+    folder = cwd or str(Path.cwd())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)    # as ``python -m`` does: the user's own modules
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - the user's module: say what failed
+        raise UsageError(f"{spec}: cannot import {module_name} ({_first_line(error)})")
+    factory = getattr(module, function_name, None)
+    if not callable(factory):
+        raise UsageError(f"{spec}: {module_name} has no function {function_name}")
+    try:
+        made = factory()
+    except Exception as error:  # noqa: BLE001
+        raise UsageError(f"{spec}: the factory raised {_first_line(error)}")
+    if not (isinstance(made, tuple) and len(made) in (2, 3)
+            and isinstance(made[0], torch.nn.Module) and isinstance(made[1], tuple)):
+        raise UsageError(f"{spec}: the factory must return (torch.nn.Module, tuple of example "
+                         f"inputs[, dynamic_shapes]), got {type(made).__name__}")
+    return Case(spec, made[0].eval(), made[1],
+                dynamic_shapes=made[2] if len(made) == 3 else None)
+
+
+def load_program(path: str):
+    """A program saved with ``torch.export.save``; any problem is the file's, in one line."""
+    import torch
+    from torch.export import ExportedProgram
+
+    file = Path(path)
+    if not file.exists():
+        raise UsageError(f"{path}: no such file")
+    if file.is_dir():
+        raise UsageError(f"{path}: is a directory, expected a .pt2 file")
+    if file.suffix != ".pt2":
+        raise UsageError(f"{path}: not a .pt2 file (save one with torch.export.save)")
+    try:
+        program = torch.export.load(str(file))
+    except Exception as error:  # noqa: BLE001 - any load failure is the file's problem
+        raise UsageError(f"{path}: cannot load the exported program ({_first_line(error)})")
+    if not isinstance(program, ExportedProgram):
+        raise UsageError(f"{path}: holds a {type(program).__name__}, not an ExportedProgram")
+    return program
+
+
+def _from_pt2(path: str):
+    from .models import Case
+
+    program = load_program(path)
+    args, kwargs = program.example_inputs or ((), {})
+    if not args or kwargs:
+        raise UsageError(f"{path}: no positional example inputs saved with the program "
+                         "(export it with example inputs, or give a factory)")
+    return Case(Path(path).name, program.module(), tuple(args), program=program)
+
+
+def _quantized(case, mode: str, name: str):
+    """``case`` with its model quantized by the XNNPACK PT2E quantizer (per channel), calibrated
+    on its example inputs, as the README's Quantized section does by hand."""
+    import torch
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer, get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from .models import Case
+
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(
+        is_per_channel=True, is_dynamic=mode == "dynamic"))
+    try:
+        prepared = prepare_pt2e(export(case).module(), quantizer)
+        with torch.no_grad():
+            prepared(*case.inputs)                        # calibrate
+        converted = convert_pt2e(prepared)
+    except UsageError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        raise UsageError(f"{case.name}: PT2E quantization failed ({_first_line(error)})")
+    return Case(name, converted, case.inputs, dynamic_shapes=case.dynamic_shapes)
