@@ -169,7 +169,7 @@ def test_tied_head_is_the_table_transposed_and_the_flag_takes_it():
 def test_zoo_speech_model_weight_norm_conv_is_folded():
     from xnnfold.bench import zoo
     try:                      # not importorskip: the zoo must import transformers itself
-        case = zoo.wav2vec2_tiny()
+        case = zoo.wav2vec2_toy()
     except zoo.ZooUnavailable as error:
         pytest.skip(str(error))
     conv = case.model.model.encoder.pos_conv_embed.conv
@@ -183,7 +183,7 @@ def test_zoo_speech_model_weight_norm_conv_is_folded():
 def test_unknown_zoo_model_and_variant(tmp_path, capsys):
     assert cli.main(["report", "--models", "vit-huge", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "unknown model 'vit-huge'" in err and "wav2vec2-tiny" in err
+    assert "unknown model 'vit-huge'" in err and "wav2vec2-toy" in err
     assert cli.main(["report", "--variants", "stock,fast", "--out", str(tmp_path)]) == 2
     assert "unknown variant 'fast'" in capsys.readouterr().err
 
@@ -191,11 +191,11 @@ def test_unknown_zoo_model_and_variant(tmp_path, capsys):
 def test_a_zoo_model_whose_package_does_not_import_is_skipped_in_one_line(tmp_path):
     code = ("import sys; sys.modules['transformers'] = None\n"
             "from xnnfold.bench import cli\n"
-            f"sys.exit(cli.main(['report', '--models', 'vit-tiny', '--out', {str(tmp_path)!r}]))")
+            f"sys.exit(cli.main(['report', '--models', 'vit-toy', '--out', {str(tmp_path)!r}]))")
     done = _run("-c", code)
     assert done.returncode == 0, done.stderr[-2000:]
     skipped = [line for line in done.stdout.splitlines() if line.startswith("skipped")]
-    assert skipped == ["skipped vit-tiny: transformers does not import (ModuleNotFoundError: "
+    assert skipped == ["skipped vit-toy: transformers does not import (ModuleNotFoundError: "
                        "import of transformers halted; None in sys.modules); "
                        "pip install -e '.[zoo]'"], done.stdout
-    assert json.loads((tmp_path / "report.json").read_text())["skipped"].keys() == {"vit-tiny"}
+    assert json.loads((tmp_path / "report.json").read_text())["skipped"].keys() == {"vit-toy"}

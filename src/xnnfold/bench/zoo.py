@@ -1,18 +1,26 @@
-"""Real architectures from third-party packages, tiny configs, random weights, no downloads.
+"""Real architectures from third-party packages, random weights, no downloads.
 
 Installed with the optional extra ``zoo`` (``pip install -e '.[zoo]'``). Each builder imports
 its package when called; a package that does not import on this torch raises
 :class:`ZooUnavailable` with one line saying why, and the report skips the model.
 
-What each one exercises:
-- ``vit-tiny``: transformers' ViT, a vision transformer (self-attention with separate q/k/v
-  linears: nothing to fold, xnnfold must change nothing).
-- ``wav2vec2-tiny``: transformers' Wav2Vec2, a speech encoder whose positional convolution is
-  a grouped ``Conv1d`` under ``weight_norm`` (a computed weight).
-- ``whisper-tiny``: transformers' Whisper, a speech encoder-decoder with cross-attention and a
-  tied output head.
-- ``nn-transformer``: ``torch.nn.Transformer`` (encoder-decoder, MHA's packed projections in
-  self- and cross-attention).
+At their published architectures (slow to lower: out of the test suite and ``make demo``):
+- ``whisper-tiny-encoder``: transformers' Whisper at whisper-tiny's dims (d_model 384, 4+4
+  layers, 6 heads, ffn 1536, vocabulary 51,865, 80 mel bins, 1500 positions), the encoder on
+  3000 frames (30 s); ``whisper-tiny-decoder``: one decoder step, 8 tokens over 1500 encoder
+  states, with the output head tied to the token table.
+- ``deit-tiny``: transformers' ViT at DeiT-tiny's dims (hidden 192, 12 layers, 3 heads, ffn
+  768, 224x224 image, patch 16): separate q/k/v linears, nothing to fold.
+- ``wav2vec2-base``: transformers' Wav2Vec2 at the base dims (hidden 768, 12 layers, 12 heads,
+  ffn 3072, 7 conv layers of 512), on 1 s of 16 kHz audio; its positional convolution is a
+  grouped ``Conv1d`` (16 groups, kernel 128) under ``weight_norm``, a computed weight.
+Every transformers model also has the report's variant ``eager-export``: the same weights
+exported with ``attn_implementation="eager"`` (matmul, softmax, matmul) instead of the default
+``"sdpa"``, lowered with stock: what a user can do by hand.
+
+Toy configs (seconds to lower; the test suite's): ``vit-toy``, ``wav2vec2-toy``,
+``whisper-toy``, and ``nn-transformer`` (``torch.nn.Transformer``: MHA's packed projections in
+self- and cross-attention).
 """
 
 from __future__ import annotations
@@ -62,25 +70,62 @@ class _FirstOutput(nn.Module):
         return getattr(self.model(*args, return_dict=True), self.output)
 
 
-def vit_tiny() -> Case:
-    tf = _transformers()
+def _hf_case(name: str, make, inputs: tuple) -> Case:
+    """A transformers model built by ``make(attn_implementation)`` with the default SDPA
+    attention, and its eager-attention twin (same weights) as the ``eager-export`` variant."""
     torch.manual_seed(0)
-    config = tf.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=128, image_size=32, patch_size=8,
-                          attn_implementation="sdpa")
-    model = _FirstOutput(tf.ViTModel(config, add_pooling_layer=False), "last_hidden_state")
-    return Case("vit-tiny", model.eval(), (torch.randn(1, 3, 32, 32),))
+    model = make("sdpa").eval()
+
+    def eager_twin() -> nn.Module:
+        twin = make("eager").eval()
+        twin.load_state_dict(model.state_dict())
+        return twin
+
+    return Case(name, model, inputs, eager_export=eager_twin)
 
 
-def wav2vec2_tiny() -> Case:
+def _vit(name: str, image: int, **dims) -> Case:
     tf = _transformers()
-    torch.manual_seed(0)
-    config = tf.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=128, conv_dim=(32, 32), conv_kernel=(10, 3),
-                               conv_stride=(5, 2), num_conv_pos_embeddings=16,
-                               num_conv_pos_embedding_groups=4, attn_implementation="sdpa")
-    model = _FirstOutput(tf.Wav2Vec2Model(config), "last_hidden_state")
-    return Case("wav2vec2-tiny", model.eval(), (torch.randn(1, 1600),))
+    torch.manual_seed(1)                  # the inputs; _hf_case seeds the weights
+
+    def make(attention: str) -> nn.Module:
+        config = tf.ViTConfig(image_size=image, attn_implementation=attention, **dims)
+        return _FirstOutput(tf.ViTModel(config, add_pooling_layer=False), "last_hidden_state")
+
+    return _hf_case(name, make, (torch.randn(1, 3, image, image),))
+
+
+def vit_toy() -> Case:
+    return _vit("vit-toy", 32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=128, patch_size=8)
+
+
+def deit_tiny() -> Case:
+    return _vit("deit-tiny", 224, hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
+                intermediate_size=768, patch_size=16)
+
+
+def _wav2vec2(name: str, samples: int, **dims) -> Case:
+    tf = _transformers()
+    torch.manual_seed(1)
+
+    def make(attention: str) -> nn.Module:
+        config = tf.Wav2Vec2Config(attn_implementation=attention, **dims)
+        return _FirstOutput(tf.Wav2Vec2Model(config), "last_hidden_state")
+
+    return _hf_case(name, make, (torch.randn(1, samples),))
+
+
+def wav2vec2_toy() -> Case:
+    return _wav2vec2("wav2vec2-toy", 1600, hidden_size=64, num_hidden_layers=2,
+                     num_attention_heads=2, intermediate_size=128, conv_dim=(32, 32),
+                     conv_kernel=(10, 3), conv_stride=(5, 2), num_conv_pos_embeddings=16,
+                     num_conv_pos_embedding_groups=4)
+
+
+def wav2vec2_base() -> Case:
+    # Wav2Vec2Config's defaults are wav2vec2-base's architecture; 1 s of 16 kHz audio
+    return _wav2vec2("wav2vec2-base", 16000)
 
 
 class _Whisper(nn.Module):
@@ -93,19 +138,60 @@ class _Whisper(nn.Module):
                           use_cache=False, return_dict=True).logits
 
 
-def whisper_tiny() -> Case:
+class _WhisperDecoderStep(nn.Module):
+    """One decoder step: the tokens so far over the encoder's states, logits out (no cache)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        # the decoder and its head only (proj_out is tied to the decoder's token table)
+        self.decoder, self.proj_out = model.model.decoder, model.proj_out
+
+    def forward(self, tokens, states):
+        hidden = self.decoder(input_ids=tokens, encoder_hidden_states=states,
+                              use_cache=False, return_dict=True).last_hidden_state
+        return self.proj_out(hidden)
+
+
+# whisper-tiny's published architecture (openai/whisper-tiny's config.json)
+WHISPER_TINY = dict(vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4,
+                    decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
+                    encoder_ffn_dim=1536, decoder_ffn_dim=1536, max_source_positions=1500,
+                    max_target_positions=448)
+_WHISPER_TOKENS = dict(pad_token_id=50257, bos_token_id=50257, eos_token_id=50257,
+                       decoder_start_token_id=50258)
+
+
+def _whisper(attention: str, **dims) -> nn.Module:
     tf = _transformers()
-    torch.manual_seed(0)
-    config = tf.WhisperConfig(vocab_size=512, num_mel_bins=16, d_model=64,
-                              encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-                              decoder_attention_heads=2, encoder_ffn_dim=128,
-                              decoder_ffn_dim=128, max_source_positions=50,
-                              max_target_positions=16, pad_token_id=0, bos_token_id=1,
-                              eos_token_id=2, decoder_start_token_id=1,
-                              attn_implementation="sdpa")
-    model = _Whisper(tf.WhisperForConditionalGeneration(config))
-    tokens = torch.randint(3, 512, (1, 8))
-    return Case("whisper-tiny", model.eval(), (torch.randn(1, 16, 100), tokens))
+    return tf.WhisperForConditionalGeneration(tf.WhisperConfig(
+        attn_implementation=attention, **dims))
+
+
+def whisper_toy() -> Case:
+    dims = dict(vocab_size=512, num_mel_bins=16, d_model=64, encoder_layers=2,
+                decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+                encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=50,
+                max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                decoder_start_token_id=1)
+    torch.manual_seed(1)
+    inputs = (torch.randn(1, 16, 100), torch.randint(3, 512, (1, 8)))
+    return _hf_case("whisper-toy", lambda attention: _Whisper(_whisper(attention, **dims)),
+                    inputs)
+
+
+def whisper_tiny_encoder() -> Case:
+    torch.manual_seed(1)
+    features = torch.randn(1, 80, 3000)                  # 30 s of log-mel frames
+    return _hf_case("whisper-tiny-encoder", lambda attention: _FirstOutput(
+        _whisper(attention, **WHISPER_TINY, **_WHISPER_TOKENS).model.encoder,
+        "last_hidden_state"), (features,))
+
+
+def whisper_tiny_decoder() -> Case:
+    torch.manual_seed(1)
+    inputs = (torch.randint(0, 50257, (1, 8)), torch.randn(1, 1500, 384))
+    return _hf_case("whisper-tiny-decoder", lambda attention: _WhisperDecoderStep(
+        _whisper(attention, **WHISPER_TINY, **_WHISPER_TOKENS)), inputs)
 
 
 class _Transformer(nn.Module):
@@ -128,8 +214,13 @@ def nn_transformer() -> Case:
 
 
 ZOO: dict = {
-    "vit-tiny": vit_tiny,
-    "wav2vec2-tiny": wav2vec2_tiny,
-    "whisper-tiny": whisper_tiny,
+    "whisper-tiny-encoder": whisper_tiny_encoder,
+    "whisper-tiny-decoder": whisper_tiny_decoder,
+    "deit-tiny": deit_tiny,
+    "wav2vec2-base": wav2vec2_base,
+    "vit-toy": vit_toy,
+    "wav2vec2-toy": wav2vec2_toy,
+    "whisper-toy": whisper_toy,
     "nn-transformer": nn_transformer,
 }
+PUBLISHED = ("whisper-tiny-encoder", "whisper-tiny-decoder", "deit-tiny", "wav2vec2-base")
