@@ -174,3 +174,13 @@ def test_quantize_builds_the_converted_model_of_a_factory(user_folder, monkeypat
     assert case.name == "mymodel:build int8-dynamic"
     with pytest.raises(cli.UsageError, match="expected one of dynamic, static"):
         ModelSource.of("mymodel:build", "int4")
+
+
+def test_bench_scripts_are_commands(tmp_path):
+    from xnnfold.bench.scripts import SCRIPTS
+    import importlib.util
+    assert all(importlib.util.find_spec(f"xnnfold.bench.scripts.{m}") for m in SCRIPTS.values())
+    done = _xnnfold("bench", "tied-head", "64", "8", "2", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line.split()[0] for line in done.stdout.splitlines() if ".pte" in line] == [
+        "stock", "stock-flag", "xnnfold"], done.stdout

@@ -148,6 +148,21 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    """One of the bench's scripts (:mod:`xnnfold.bench.scripts`), in a process of its own with
+    this interpreter and this xnnfold importable."""
+    import os
+    import subprocess
+
+    from .scripts import SCRIPTS
+
+    package_root = str(Path(__file__).resolve().parents[2])     # the folder holding xnnfold
+    path = os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    done = subprocess.run([sys.executable, "-m", f"xnnfold.bench.scripts.{SCRIPTS[args.name]}",
+                           *args.args], env={**os.environ, "PYTHONPATH": path})
+    return done.returncode
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xnnfold", description="Fold computed GEMM weights so XNNPACK delegates them.")
@@ -195,6 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--all", action="store_true",
                      help="also list every op left outside delegates, with XNNPACK's reason")
     exp.set_defaults(func=_cmd_explain)
+    from .scripts import SCRIPTS
+
+    ben = commands.add_parser("bench", help="one-off measurements: " + ", ".join(SCRIPTS),
+                              description="Run one of the bench's scripts (see "
+                              "src/xnnfold/bench/scripts/README.md for what each measures).")
+    ben.add_argument("name", choices=list(SCRIPTS))
+    ben.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    ben.set_defaults(func=_cmd_bench)
     return parser
 
 
