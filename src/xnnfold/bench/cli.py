@@ -35,12 +35,11 @@ def _missing(*modules: str) -> list:
     return missing
 
 
-def _require(command: str, *modules: str) -> None:
+def _require(command: str, *modules: str, install: str = _BENCH_EXTRA) -> None:
     """One line naming what ``command`` needs and how to install it, before any work."""
     missing = _missing(*modules)
     if missing:
-        raise UsageError(f"xnnfold {command} needs {', '.join(sorted(missing))}: "
-                         f"{_BENCH_EXTRA}")
+        raise UsageError(f"xnnfold {command} needs {', '.join(sorted(missing))}: {install}")
 
 
 def _load(source: str, quantize=None):
@@ -163,6 +162,16 @@ def _cmd_bench(args) -> int:
     return done.returncode
 
 
+def _cmd_hf(args) -> int:
+    _require("hf", "tabulate", "transformers", install="pip install 'xnnfold[zoo]'")
+    from . import hf
+
+    rows = hf.export_folder(args.folder, args.output, compare=args.compare, tokens=args.tokens,
+                            attention=args.attention, reps=args.reps)
+    print(hf.table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xnnfold", description="Fold computed GEMM weights so XNNPACK delegates them.")
@@ -210,6 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--all", action="store_true",
                      help="also list every op left outside delegates, with XNNPACK's reason")
     exp.set_defaults(func=_cmd_explain)
+    hug = commands.add_parser("hf", help="a transformers model saved with save_pretrained "
+                              "(Whisper, a causal LM, a ViT) to .pte through xnnfold")
+    hug.add_argument("folder", help="the folder save_pretrained wrote (config.json, weights)")
+    hug.add_argument("-o", "--output", required=True, help="the .pte to write (Whisper: "
+                     "OUT.encoder.pte and OUT.decoder.pte)")
+    hug.add_argument("--compare", action="store_true",
+                     help="also lower with stock executorch; time both on the runtime")
+    hug.add_argument("--tokens", type=int, default=8, help="tokens of a decoder's input")
+    hug.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
+                     help="transformers' attn_implementation for the export")
+    hug.add_argument("--reps", type=int, default=10, help="timed rounds with --compare")
+    hug.set_defaults(func=_cmd_hf)
+
     from .scripts import SCRIPTS
 
     ben = commands.add_parser("bench", help="one-off measurements: " + ", ".join(SCRIPTS),
