@@ -184,3 +184,14 @@ def test_bench_scripts_are_commands(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert [line.split()[0] for line in done.stdout.splitlines() if ".pte" in line] == [
         "stock", "stock-flag", "xnnfold"], done.stdout
+
+
+def test_report_on_a_saved_program(saved, tmp_path, capsys):
+    _, path = saved
+    assert cli.main(["report", str(path), "--variants", "stock,xnnfold", "--reps", "2",
+                     "--no-profile", "--out", str(tmp_path)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("cross.pt2 ")]
+    assert [(r[1], r[2]) for r in rows[:2]] == [("stock", "2"), ("xnnfold", "0")], rows
+    assert cli.main(["report", str(tmp_path / "nope.pt2"), "--out", str(tmp_path)]) == 2
+    assert "nope.pt2: no such file" in capsys.readouterr().err
