@@ -344,9 +344,8 @@ def markdown(report: dict, charts: bool = True) -> str:
     skipped = "".join(f"- skipped {name}: {why}\n" for name, why in report["skipped"].items())
     gemms = "".join(f"### {name}\n\n{gemm_table(report, name, 'github')}\n\n"
                     for name in _by_model(report) if gemm_table(report, name))
-    charts_missing = ("" if charts else
-                      "(charts not drawn: matplotlib is not installed; "
-                      "pip install 'xnnfold[bench]')\n\n")
+    latency, operators = ("![latency](latency.png)", "![operators](operators.png)") if charts \
+        else ("(charts not drawn: matplotlib is not installed; pip install 'xnnfold[bench]')",) * 2
     return (f"# xnnfold report\n\n{report['date']} · {report['machine']}\n\n"
             f"{rounds_line(report)}\n\n{skipped and skipped + chr(10)}"
             f"{table(report, 'github')}\n\n"
@@ -356,9 +355,9 @@ def markdown(report: dict, charts: bool = True) -> str:
             f"{lowering_table(report, 'github')}\n\n"
             f"## Ops left outside delegates (executorch get_delegation_info)\n\n"
             f"{outside_table(report, 'github')}\n\n"
-            f"## GEMMs, in the model's terms\n\n{gemms or 'no GEMM'}"
-            f"{charts_missing}![latency](latency.png)\n\n"
-            "## Where the time goes (ETDump, ms per run)\n\n![operators](operators.png)\n")
+            f"## GEMMs, in the model's terms\n\n{gemms or 'no GEMM' + chr(10) * 2}"
+            f"{latency}\n\n"
+            f"## Where the time goes (ETDump, ms per run)\n\n{operators}\n")
 
 
 def plot(report: dict, path: Path) -> None:
