@@ -180,6 +180,26 @@ def test_zoo_speech_model_weight_norm_conv_is_folded():
     assert folded.gemms_outside == []
 
 
+def test_zoo_eager_export_twin_has_the_weights_and_plain_attention():
+    """The variant eager-export: the same weights, exported with transformers' eager attention
+    (matmul, softmax, matmul) where the model has SDPA; no lowering."""
+    from xnnfold.bench import zoo
+    try:
+        case = zoo.whisper_toy()
+    except zoo.ZooUnavailable as error:
+        pytest.skip(str(error))
+    twin = case.eager_export()
+
+    def sdpa_calls(module):
+        graph = torch.export.export(module, case.inputs).graph
+        return sum("scaled_dot_product_attention" in str(n.target) for n in graph.nodes)
+
+    assert (sdpa_calls(case.model), sdpa_calls(twin)) == (6, 0)    # 2 enc + 2x2 dec layers
+    with torch.no_grad():
+        torch.testing.assert_close(twin(*case.inputs), case.model(*case.inputs),
+                                   rtol=1e-4, atol=1e-5)
+
+
 def test_unknown_zoo_model_and_variant(tmp_path, capsys):
     assert cli.main(["report", "--models", "vit-huge", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
