@@ -129,6 +129,23 @@ def test_attention_glue_leaves_portable(case):
         assert (expected[1] == 0).all()     # the fully masked batch is in the comparison
 
 
+class EagerAttention(nn.Module):
+    """Attention as transformers' eager path writes it: 4-D matmuls around a plain softmax."""
+
+    def forward(self, q, k, v, mask):
+        weights = torch.softmax(torch.matmul(q, k.transpose(2, 3)) * 0.3 + mask, dim=-1)
+        return torch.matmul(weights, v)
+
+
+def test_eager_attention_matmuls_leave_no_expand():
+    torch.manual_seed(0)
+    model, inputs = EagerAttention(), (_heads(L), _heads(S), _heads(S), torch.randn(B, 1, L, S))
+    checked = check_lowering(model, inputs)
+    assert [a.proven for a in checked.fold.attention] == ["same batch dims, no expand"] * 2
+    assert "aten.expand_copy.default" in checked.stock.ops_outside
+    assert checked.folded.ops_outside == [] and checked.folded.delegate_calls == 1
+
+
 def test_need_weights_does_not_call_sdpa_and_leaves_no_glue():
     # need_weights=True computes the averaged weights with bmm + softmax itself (no SDPA);
     # only the head average (mean over dim 1, which XNNPACK's mean.dim does not take) stays.

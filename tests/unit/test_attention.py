@@ -156,3 +156,34 @@ def test_pipeline_runs_the_step_explain_names_it_and_the_flag_turns_it_off():
            "(causal, no empty row)" in text
     off = pipeline.run(ep, None, attention=False)
     assert off.program is ep and off.attention == [] and len(sdpa_nodes(off.program)) == 1
+
+
+class EagerAttention(nn.Module):
+    """Attention as transformers' eager path writes it: 4-D matmuls around a plain softmax."""
+
+    def forward(self, q, k, v, mask):
+        weights = torch.softmax(torch.matmul(q, k.transpose(2, 3)) * 0.3 + mask, dim=-1)
+        return torch.matmul(weights, v)
+
+
+def test_batched_matmuls_become_bmm_on_3d_views():
+    inputs = qkv() + (torch.randn(B, 1, L, S),)
+    ep, copy, records = rewritten(EagerAttention(), inputs)
+    assert [(r.op, r.node, r.proven) for r in records] == \
+        [("matmul", "matmul", "same batch dims, no expand"),
+         ("matmul", "matmul_1", "same batch dims, no expand")]
+    targets = [n.target for n in copy.graph.nodes]
+    assert torch.ops.aten.matmul.default not in targets
+    assert targets.count(torch.ops.aten.bmm.default) == 2
+    torch.testing.assert_close(copy.module()(*inputs), EagerAttention()(*inputs))
+
+
+def test_broadcast_matmul_is_left_as_it_was():
+    # [B, H, L, D] @ [1, H, D, S]: the expand is a real broadcast, not the identity.
+    class Broadcast(nn.Module):
+        def forward(self, a, b):
+            return torch.matmul(a, b)
+
+    _, copy, records = rewritten(Broadcast(), (torch.randn(B, H, L, D), torch.randn(1, H, D, S)))
+    assert "batch shapes" in records[0].kept_because
+    assert torch.ops.aten.matmul.default in [n.target for n in copy.graph.nodes]

@@ -1,4 +1,4 @@
-"""Attention: ``scaled_dot_product_attention`` rewritten into ops XNNPACK takes.
+"""``scaled_dot_product_attention`` rewritten into ops XNNPACK takes.
 
 ``run_decompositions`` turns each ``aten.scaled_dot_product_attention`` into ``mul.Scalar`` on
 q and k, ``expand`` + ``view`` around two ``bmm``, and a *safe* softmax (``eq(s, -inf)``,
@@ -26,51 +26,20 @@ dynamic sizes, a quantized pattern around it) is left exactly as it was, and say
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
-from torch.export import ExportedProgram
+
+from .common import MAX_RANK, Emitter, dequantized, static_shape, val
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-# Ops that only move or view data: a dequantize behind them still decides XNNPACK's precision.
-_LAYOUT = (aten.view.default, aten.reshape.default, aten.transpose.int, aten.permute.default,
-           aten.contiguous.default, aten.select.int, aten.unflatten.int, aten.squeeze.dim,
-           aten.unsqueeze.default, aten.expand.default, aten.clone.default)
-_MAX_RANK = 6      # XNNPACK's tensors have at most 6 dims (XNN_MAX_TENSOR_DIMS)
-_COPIED_META = ("nn_module_stack", "stack_trace", "source_fn_stack")
 
 NO_MASK = "no mask"
 CAUSAL = "causal, no empty row"
 KEEP_FACTOR = "mask: fully-masked rows handled by keep factor"
-
-
-@dataclass(frozen=True)
-class AttentionRewrite:
-    """One ``scaled_dot_product_attention`` node: rewritten (``proven`` says why a plain
-    softmax is exact there) or kept as it was (``kept_because``)."""
-
-    node: str
-    proven: Optional[str] = None
-    kept_because: Optional[str] = None
-
-    @property
-    def rewritten(self) -> bool:
-        return self.kept_because is None
-
-    def describe(self) -> str:
-        if self.rewritten:
-            return f"attention {self.node}: rewritten into ops XNNPACK takes ({self.proven})"
-        return f"attention {self.node}: kept as it was: {self.kept_because}"
-
-
-def _val(node) -> Optional[torch.Tensor]:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def sdpa_args(node: torch.fx.Node) -> dict:
@@ -82,35 +51,20 @@ def sdpa_args(node: torch.fx.Node) -> dict:
     return {**defaults, **args}
 
 
-def _static(shape) -> bool:
-    return all(isinstance(d, int) for d in shape)
-
-
-def _dequantized(node) -> bool:
-    """True if ``node`` is, through layout ops only, the output of a dequantize."""
-    while isinstance(node, torch.fx.Node) and node.op == "call_function":
-        if "dequantize" in str(node.target):
-            return True
-        if node.target not in _LAYOUT:
-            return False
-        node = node.args[0]
-    return False
-
-
 def why_kept(node: torch.fx.Node) -> Optional[str]:
     """Why this SDPA is left as it was, or None if the rewrite applies and XNNPACK takes all
     its ops (fp32, static sizes, one batch shape for q, k and v, rank 3 to 6)."""
     a = sdpa_args(node)
-    q, k, v = (_val(a[n]) for n in ("query", "key", "value"))
+    q, k, v = (val(a[n]) for n in ("query", "key", "value"))
     if q is None or k is None or v is None:
         return "q, k or v has no tensor metadata"
     if a["dropout_p"] != 0.0:
         return f"dropout_p={a['dropout_p']}: random, not rewritten"
     if any(t.dtype != torch.float32 for t in (q, k, v)):
         return f"dtype {q.dtype}: XNNPACK's bmm and softmax are taken in fp32 only"
-    if not all(_static(t.shape) for t in (q, k, v)):
+    if not all(static_shape(t.shape) for t in (q, k, v)):
         return "dynamic sizes: XNNPACK takes no reshape to a symbolic shape"
-    if not 3 <= q.dim() <= _MAX_RANK or k.dim() != q.dim() or v.dim() != q.dim():
+    if not 3 <= q.dim() <= MAX_RANK or k.dim() != q.dim() or v.dim() != q.dim():
         return f"ranks {q.dim()}, {k.dim()}, {v.dim()}: bmm needs one batch shape of rank 1-4"
     if q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         return (f"batch shapes {tuple(q.shape[:-2])}, {tuple(k.shape[:-2])}, "
@@ -118,44 +72,24 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
     if k.shape[-1] != q.shape[-1] or k.shape[-2] != v.shape[-2] or 0 in q.shape or \
             0 in k.shape or 0 in v.shape:
         return "empty or mismatched q, k, v sizes"
-    if any(_dequantized(a[n]) for n in ("query", "key", "value")):
+    if any(dequantized(a[n]) for n in ("query", "key", "value")):
         return "q, k or v is dequantized: XNNPACK would take its ops as quantized ones"
     mask = a["attn_mask"]
     if mask is not None:
         if a["is_causal"]:
             return "both attn_mask and is_causal"
-        m = _val(mask)
-        if m is None or not _static(m.shape) or m.dim() > q.dim():
+        m = val(mask)
+        if m is None or not static_shape(m.shape) or m.dim() > q.dim():
             return "attn_mask without static sizes of at most q's rank"
         if m.dtype not in (torch.bool, q.dtype):
             return f"attn_mask of dtype {m.dtype}"
     return None
 
 
-class _Emitter:
-    """Creates nodes before ``anchor`` with their fake values and the anchor's provenance."""
-
-    def __init__(self, graph: torch.fx.Graph, anchor: torch.fx.Node):
-        self.graph, self.anchor = graph, anchor
-        self.fake_mode = detect_fake_mode([n.meta.get("val") for n in anchor.all_input_nodes])
-
-    def __call__(self, target, *args, **kwargs) -> torch.fx.Node:
-        with self.graph.inserting_before(self.anchor):
-            node = self.graph.create_node("call_function", target, args, kwargs,
-                                          name=f"{self.anchor.name}_{target.__name__.split('.')[0]}")
-        vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-        with self.fake_mode:
-            node.meta["val"] = target(*vals[0], **vals[1])
-        for key in _COPIED_META:
-            if key in self.anchor.meta:
-                node.meta[key] = self.anchor.meta[key]
-        return node
-
-
-def _mask_parts(emit: _Emitter, mask: torch.fx.Node, dtype: torch.dtype) -> tuple:
+def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype) -> tuple:
     """(additive float mask with no fully blocked row, 0/1 keep factor per row), both
     computed on the mask's own size."""
-    if _val(mask).dtype == torch.bool:
+    if val(mask).dtype == torch.bool:
         alive = emit(aten.any.dim, mask, -1, True)                 # [..., Lm, 1]
         allowed = emit(aten.logical_or.default, mask, emit(aten.logical_not.default, alive))
         zeros = emit(aten.zeros_like.default, mask, dtype=dtype)
@@ -168,7 +102,7 @@ def _mask_parts(emit: _Emitter, mask: torch.fx.Node, dtype: torch.dtype) -> tupl
     return additive, keep
 
 
-def _causal_mask(emit: _Emitter, rows: int, cols: int, dtype: torch.dtype) -> torch.fx.Node:
+def _causal_mask(emit: Emitter, rows: int, cols: int, dtype: torch.dtype) -> torch.fx.Node:
     """Additive top-left causal mask [rows, cols], built at run time like stock builds it."""
     allowed = emit(aten.tril.default, emit(aten.ones.default, [rows, cols], dtype=torch.bool))
     zeros = emit(aten.zeros.default, [rows, cols], dtype=dtype)
@@ -181,11 +115,11 @@ def rewrite_one(graph: torch.fx.Graph, node: torch.fx.Node) -> str:
     return what was proven about its masked rows."""
     a = sdpa_args(node)
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
-    qv, kv, vv = _val(q), _val(k), _val(v)
+    qv, kv, vv = val(q), val(k), val(v)
     lead, (L, E), S, Ev = list(qv.shape[:-2]), qv.shape[-2:], kv.shape[-2], vv.shape[-1]
     batch = math.prod(lead)
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(E)
-    emit = _Emitter(graph, node)
+    emit = Emitter(graph, node)
 
     additive, keep, proven = None, None, NO_MASK
     if mask is not None:
@@ -209,21 +143,3 @@ def rewrite_one(graph: torch.fx.Graph, node: torch.fx.Node) -> str:
     node.replace_all_uses_with(out)
     graph.erase_node(node)
     return proven
-
-
-def rewrite_attention(program: ExportedProgram) -> list:
-    """Rewrite, in place, every SDPA node of ``program`` (the pass's own copy) that XNNPACK
-    would take whole once rewritten; return an :class:`AttentionRewrite` per SDPA node."""
-    graph, records = program.graph, []
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not SDPA:
-            continue
-        reason = why_kept(node)
-        if reason is None:
-            records.append(AttentionRewrite(node.name, proven=rewrite_one(graph, node)))
-        else:
-            records.append(AttentionRewrite(node.name, kept_because=reason))
-    if any(r.rewritten for r in records):
-        graph.lint()
-        program.graph_module.recompile()
-    return records

@@ -1,0 +1,82 @@
+"""What the attention rewrites share: the record ``explain`` lists, the node emitter, and the
+checks on what XNNPACK takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.fx
+from torch._guards import detect_fake_mode
+
+aten = torch.ops.aten
+# Ops that only move or view data: a dequantize behind them still decides XNNPACK's precision.
+_LAYOUT = (aten.view.default, aten.reshape.default, aten.transpose.int, aten.permute.default,
+           aten.contiguous.default, aten.select.int, aten.unflatten.int, aten.squeeze.dim,
+           aten.unsqueeze.default, aten.expand.default, aten.clone.default)
+MAX_RANK = 6      # XNNPACK's tensors have at most 6 dims (XNN_MAX_TENSOR_DIMS)
+_COPIED_META = ("nn_module_stack", "stack_trace", "source_fn_stack")
+
+
+@dataclass(frozen=True)
+class AttentionRewrite:
+    """One ``scaled_dot_product_attention`` (``op="attention"``) or batched ``matmul`` node:
+    rewritten (``proven`` says why the rewrite is exact there) or kept as it was
+    (``kept_because``)."""
+
+    node: str
+    proven: Optional[str] = None
+    kept_because: Optional[str] = None
+    op: str = "attention"
+
+    @property
+    def rewritten(self) -> bool:
+        return self.kept_because is None
+
+    def describe(self) -> str:
+        if self.rewritten:
+            return f"{self.op} {self.node}: rewritten into ops XNNPACK takes ({self.proven})"
+        return f"{self.op} {self.node}: kept as it was: {self.kept_because}"
+
+
+def val(node) -> Optional[torch.Tensor]:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def static_shape(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def dequantized(node) -> bool:
+    """True if ``node`` is, through layout ops only, the output of a dequantize."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        if "dequantize" in str(node.target):
+            return True
+        if node.target not in _LAYOUT:
+            return False
+        node = node.args[0]
+    return False
+
+
+class Emitter:
+    """Creates nodes before ``anchor`` with their fake values and the anchor's provenance."""
+
+    def __init__(self, graph: torch.fx.Graph, anchor: torch.fx.Node):
+        self.graph, self.anchor = graph, anchor
+        self.fake_mode = detect_fake_mode([n.meta.get("val") for n in anchor.all_input_nodes])
+
+    def __call__(self, target, *args, **kwargs) -> torch.fx.Node:
+        with self.graph.inserting_before(self.anchor):
+            name = f"{self.anchor.name}_{target.__name__.split('.')[0]}"
+            node = self.graph.create_node("call_function", target, args, kwargs, name=name)
+        vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+        with self.fake_mode:
+            node.meta["val"] = target(*vals[0], **vals[1])
+        for key in _COPIED_META:
+            if key in self.anchor.meta:
+                node.meta[key] = self.anchor.meta[key]
+        return node
+
+
