@@ -12,6 +12,7 @@ from xnnfold.steps import attention
 from xnnfold.steps.fold import copy_program
 
 B, H, L, S, D = 2, 2, 5, 7, 8
+BATCH, LENGTH, SOURCE = (torch.export.Dim(name, min=2, max=64) for name in ("b", "l", "s"))
 
 
 class Sdpa(nn.Module):
@@ -115,9 +116,11 @@ def test_mha_self_and_cross_with_key_padding_mask():
     (Sdpa(dropout_p=0.5), qkv(), {}, "dropout_p"),
     (Sdpa(enable_gqa=True), qkv(heads=1), {}, "batch shapes"),
     (Sdpa(), tuple(t.half() for t in qkv()), {}, "dtype"),
-    (Sdpa(), qkv(), {"dynamic_shapes": ({2: torch.export.Dim("l", min=2, max=64)}, None, None)},
-     "dynamic sizes"),
-], ids=["dropout", "gqa", "fp16", "dynamic"])
+    (Sdpa(), qkv(), {"dynamic_shapes": ({0: BATCH}, {0: BATCH}, {0: BATCH})}, "dynamic batch"),
+    (Sdpa(), qkv() + (torch.randn(B, 1, L, S),),
+     {"dynamic_shapes": ({2: LENGTH}, {2: SOURCE}, {2: SOURCE}, {2: LENGTH, 3: SOURCE})},
+     "two dynamic dims"),
+], ids=["dropout", "gqa", "fp16", "dynamic-batch", "dynamic-l-s-mask"])
 def test_attention_xnnpack_would_not_take_is_left_as_it_was(module, inputs, export_kwargs,
                                                              reason):
     ep, copy, records = rewritten(module, inputs, **export_kwargs)
@@ -125,6 +128,17 @@ def test_attention_xnnpack_would_not_take_is_left_as_it_was(module, inputs, expo
     assert not record.rewritten and reason in record.kept_because, record
     assert len(sdpa_nodes(copy)) == 1
     assert [n.target for n in copy.graph.nodes] == [n.target for n in ep.graph.nodes]
+
+
+def test_dynamic_length_is_rewritten_with_one_inferred_dim_per_reshape():
+    inputs = qkv()
+    _, copy, records = rewritten(Sdpa(is_causal=True), inputs,
+                                 dynamic_shapes=({2: LENGTH}, {2: SOURCE}, {2: SOURCE}))
+    assert [r.proven for r in records] == [attention.CAUSAL]
+    reshapes = [n.args[1] for n in copy.graph.nodes if n.target is torch.ops.aten.reshape.default]
+    assert reshapes and all(shape.count(-1) == 1 for shape in reshapes), reshapes
+    longer = (torch.randn(B, H, 11, D), torch.randn(B, H, 3, D), torch.randn(B, H, 3, D))
+    torch.testing.assert_close(copy.module()(*longer), Sdpa(is_causal=True)(*longer))
 
 
 def test_a_dequantized_query_is_left_as_it_was():

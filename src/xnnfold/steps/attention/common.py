@@ -49,6 +49,15 @@ def static_shape(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
 
 
+def reshape_arg(shape) -> Optional[list]:
+    """``shape`` as a reshape argument XNNPACK takes: a dynamic dim written -1, or None if more
+    than one dim is dynamic (XNNPACK's reshape infers at most one)."""
+    dynamic = [i for i, d in enumerate(shape) if not isinstance(d, int)]
+    if len(dynamic) > 1:
+        return None
+    return [-1 if i in dynamic else d for i, d in enumerate(shape)]
+
+
 def dequantized(node) -> bool:
     """True if ``node`` is, through layout ops only, the output of a dequantize."""
     while isinstance(node, torch.fx.Node) and node.op == "call_function":

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from .common import MAX_RANK, Emitter, dequantized, static_shape, val
+from .common import MAX_RANK, Emitter, dequantized, reshape_arg, static_shape, val
 
 aten = torch.ops.aten
 MATMUL = aten.matmul.default
@@ -38,11 +38,15 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
     a, b = (val(x) for x in node.args)
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return f"dtype {a.dtype}: XNNPACK's bmm is taken in fp32 only"
-    if not static_shape(a.shape) or not static_shape(b.shape):
-        return "dynamic sizes: XNNPACK takes no reshape to a symbolic shape"
     if a.dim() != b.dim() or a.dim() > MAX_RANK or a.shape[:-2] != b.shape[:-2]:
         return (f"batch shapes {tuple(a.shape[:-2])} and {tuple(b.shape[:-2])} differ: the "
                 "expand is a real broadcast")
+    if not static_shape(a.shape[:-2]):
+        return "dynamic batch sizes: XNNPACK takes no reshape to a symbolic shape"
+    if any(reshape_arg(shape) is None for shape in (a.shape[-2:], b.shape[-2:],
+                                                     val(node).shape[-2:])):
+        return ("two dynamic dims in one operand or the product: XNNPACK's reshape infers at "
+                "most one")
     if 0 in a.shape or 0 in b.shape:
         return "empty operand"
     if any(dequantized(x) for x in node.args):
@@ -63,9 +67,9 @@ def _as_3d(emit: Emitter, node: torch.fx.Node, batch: int) -> torch.fx.Node:
     rows, cols = val(node).shape[-2:]
     source = _last_two_transposed(node)
     if source is not None:
-        return emit(aten.transpose.int, emit(aten.reshape.default, source, [batch, cols, rows]),
-                    1, 2)
-    return emit(aten.reshape.default, node, [batch, rows, cols])
+        return emit(aten.transpose.int,
+                    emit(aten.reshape.default, source, reshape_arg([batch, cols, rows])), 1, 2)
+    return emit(aten.reshape.default, node, reshape_arg([batch, rows, cols]))
 
 
 def rewrite_one(graph: torch.fx.Graph, node: torch.fx.Node) -> str:
@@ -75,7 +79,7 @@ def rewrite_one(graph: torch.fx.Graph, node: torch.fx.Node) -> str:
     batch = math.prod(lead)
     emit = Emitter(graph, node)
     product = emit(aten.bmm.default, _as_3d(emit, a, batch), _as_3d(emit, b, batch))
-    out = emit(aten.reshape.default, product, lead + list(val(node).shape[-2:]))
+    out = emit(aten.reshape.default, product, reshape_arg(lead + list(val(node).shape[-2:])))
     node.replace_all_uses_with(out)
     graph.erase_node(node)
     return SAME_BATCH

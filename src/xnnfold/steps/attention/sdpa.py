@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from .common import MAX_RANK, Emitter, dequantized, static_shape, val
+from .common import MAX_RANK, Emitter, dequantized, reshape_arg, static_shape, val
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
@@ -53,7 +53,8 @@ def sdpa_args(node: torch.fx.Node) -> dict:
 
 def why_kept(node: torch.fx.Node) -> Optional[str]:
     """Why this SDPA is left as it was, or None if the rewrite applies and XNNPACK takes all
-    its ops (fp32, static sizes, one batch shape for q, k and v, rank 3 to 6)."""
+    its ops (fp32; one batch shape for q, k and v, static, of rank 1 to 4; every reshape with
+    at most one dynamic dim, written -1)."""
     a = sdpa_args(node)
     q, k, v = (val(a[n]) for n in ("query", "key", "value"))
     if q is None or k is None or v is None:
@@ -62,15 +63,14 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
         return f"dropout_p={a['dropout_p']}: random, not rewritten"
     if any(t.dtype != torch.float32 for t in (q, k, v)):
         return f"dtype {q.dtype}: XNNPACK's bmm and softmax are taken in fp32 only"
-    if not all(static_shape(t.shape) for t in (q, k, v)):
-        return "dynamic sizes: XNNPACK takes no reshape to a symbolic shape"
     if not 3 <= q.dim() <= MAX_RANK or k.dim() != q.dim() or v.dim() != q.dim():
         return f"ranks {q.dim()}, {k.dim()}, {v.dim()}: bmm needs one batch shape of rank 1-4"
+    if not static_shape(q.shape[:-2]) or not static_shape([q.shape[-1], v.shape[-1]]):
+        return "dynamic batch or head sizes: XNNPACK takes no reshape to a symbolic shape"
     if q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         return (f"batch shapes {tuple(q.shape[:-2])}, {tuple(k.shape[:-2])}, "
                 f"{tuple(v.shape[:-2])} differ (broadcast or grouped-query attention)")
-    if k.shape[-1] != q.shape[-1] or k.shape[-2] != v.shape[-2] or 0 in q.shape or \
-            0 in k.shape or 0 in v.shape:
+    if k.shape[-1] != q.shape[-1] or 0 in q.shape or 0 in k.shape or 0 in v.shape:
         return "empty or mismatched q, k, v sizes"
     if any(dequantized(a[n]) for n in ("query", "key", "value")):
         return "q, k or v is dequantized: XNNPACK would take its ops as quantized ones"
@@ -79,10 +79,26 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
         if a["is_causal"]:
             return "both attn_mask and is_causal"
         m = val(mask)
-        if m is None or not static_shape(m.shape) or m.dim() > q.dim():
-            return "attn_mask without static sizes of at most q's rank"
-        if m.dtype not in (torch.bool, q.dtype):
-            return f"attn_mask of dtype {m.dtype}"
+        if m is None or m.dim() > q.dim() or m.dtype not in (torch.bool, q.dtype):
+            return "attn_mask of another dtype than bool or q's, or of a higher rank"
+        mask_3d = _mask_3d(q, m)
+        reshaped = list(q.shape)[:-1] + [k.shape[-2]] if mask_3d is None else \
+            mask_3d if m.dim() > 3 else []
+        if reshape_arg(reshaped) is None:
+            return ("dynamic L and S with a mask: the reshape around it would have two "
+                    "dynamic dims, which XNNPACK does not take")
+    return None
+
+
+def _mask_3d(q: torch.Tensor, m: torch.Tensor) -> Optional[list]:
+    """The 3-D shape ``[1 or batch, Lm, Sm]`` the mask takes without an expand, if any: its
+    batch dims (right-aligned) all 1, or all equal to q's."""
+    lead = list(q.shape[:-2])
+    mask_lead = [1] * (len(lead) + 2 - m.dim()) + list(m.shape[:-2])
+    if all(d == 1 for d in mask_lead):
+        return [1] + list(m.shape[-2:])
+    if mask_lead == lead:
+        return [math.prod(lead)] + list(m.shape[-2:])
     return None
 
 
@@ -102,7 +118,7 @@ def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype) -> tuple
     return additive, keep
 
 
-def _causal_mask(emit: Emitter, rows: int, cols: int, dtype: torch.dtype) -> torch.fx.Node:
+def _causal_mask(emit: Emitter, rows, cols, dtype: torch.dtype) -> torch.fx.Node:
     """Additive top-left causal mask [rows, cols], built at run time like stock builds it."""
     allowed = emit(aten.tril.default, emit(aten.ones.default, [rows, cols], dtype=torch.bool))
     zeros = emit(aten.zeros.default, [rows, cols], dtype=dtype)
@@ -126,18 +142,28 @@ def rewrite_one(graph: torch.fx.Graph, node: torch.fx.Node) -> str:
         additive, keep = _mask_parts(emit, mask, qv.dtype)
         proven = KEEP_FACTOR
     elif a["is_causal"]:
-        additive, proven = _causal_mask(emit, L, S, qv.dtype), CAUSAL
+        # A dynamic size is read from q / k at run time, as stock's causal mask reads it.
+        rows = L if isinstance(L, int) else emit(aten.sym_size.int, q, qv.dim() - 2)
+        cols = S if isinstance(S, int) else emit(aten.sym_size.int, k, kv.dim() - 2)
+        additive, proven = _causal_mask(emit, rows, cols, qv.dtype), CAUSAL
 
-    q3 = emit(aten.reshape.default, emit(aten.mul.Tensor, q, scale), [batch, L, E])
-    k3 = emit(aten.transpose.int, emit(aten.reshape.default, k, [batch, S, E]), 1, 2)
-    scores = emit(aten.bmm.default, q3, k3)
-    if additive is not None:
-        scores = emit(aten.add.Tensor, emit(aten.reshape.default, scores, lead + [L, S]),
-                      additive)
+    def reshape(x, shape):
+        return emit(aten.reshape.default, x, reshape_arg(shape))
+
+    q3 = reshape(emit(aten.mul.Tensor, q, scale), [batch, L, E])
+    k3 = emit(aten.transpose.int, reshape(k, [batch, S, E]), 1, 2)
+    scores = emit(aten.bmm.default, q3, k3)                           # [batch, L, S]
+    mask_3d = _mask_3d(qv, val(additive)) if additive is not None else None
+    if additive is not None and mask_3d is None:
+        # A mask broadcast over some batch dims only: added to the scores in q's rank.
+        scores = emit(aten.add.Tensor, reshape(scores, lead + [L, S]), additive)
+        scores = reshape(scores, [batch, L, S])
+    elif additive is not None:
+        if val(additive).dim() > 3:       # lower ranks broadcast onto [batch, L, S] as they are
+            additive = reshape(additive, mask_3d)
+        scores = emit(aten.add.Tensor, scores, additive)
     weights = emit(aten.softmax.int, scores, -1)
-    weights = emit(aten.reshape.default, weights, [batch, L, S])
-    out = emit(aten.bmm.default, weights, emit(aten.reshape.default, v, [batch, S, Ev]))
-    out = emit(aten.reshape.default, out, lead + [L, Ev])
+    out = reshape(emit(aten.bmm.default, weights, reshape(v, [batch, S, Ev])), lead + [L, Ev])
     if keep is not None:
         out = emit(aten.mul.Tensor, out, keep)
     node.replace_all_uses_with(out)
