@@ -186,13 +186,16 @@ def test_dynamic_length():
     assert checked.folded.delegate_calls < checked.stock.delegate_calls
 
 
-def test_dynamic_int8_quantized_attention():
-    # PT2E dynamic int8: the q/dq pairs sit around the linears; the attention between them
-    # reads fp32 activations and is rewritten like an fp32 one.
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic-int8", "static-int8"])
+def test_quantized_attention(dynamic):
+    # PT2E: the q/dq pairs sit around the linears; the attention between them reads fp32
+    # activations (static: through MHA's select / squeeze, which stay on portable) and is
+    # rewritten like an fp32 one.
     torch.manual_seed(0)
     model, inputs = Mha().eval(), (torch.randn(B, L, E),)
-    converted = quantize(model, inputs, dynamic=True)
-    tol = 4 * activation_bound(inputs, [model.mha.in_proj_weight, model.mha.out_proj.weight])
+    converted = quantize(model, inputs, dynamic=dynamic)
+    tol = 4 * activation_bound(inputs, [model.mha.in_proj_weight, model.mha.out_proj.weight]) \
+        if dynamic else 1e-5
     ep = torch.export.export(converted, inputs)
     checked = check_lowering(converted, inputs, ep=ep, tol=tol)
     assert_no_glue(checked, torch.export.export(converted, inputs), ["no mask"])

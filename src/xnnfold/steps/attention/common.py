@@ -11,10 +11,12 @@ import torch.fx
 from torch._guards import detect_fake_mode
 
 aten = torch.ops.aten
-# Ops that only move or view data: a dequantize behind them still decides XNNPACK's precision.
+# Ops that only move or view data and that XNNPACK may take into the attention's delegate: a
+# dequantize behind them would make XNNPACK see the attention's first ops as quantized ones.
+# (``select`` and ``squeeze``, which XNNPACK does not take, end such a chain on portable.)
 _LAYOUT = (aten.view.default, aten.reshape.default, aten.transpose.int, aten.permute.default,
-           aten.contiguous.default, aten.select.int, aten.unflatten.int, aten.squeeze.dim,
-           aten.unsqueeze.default, aten.expand.default, aten.clone.default)
+           aten.contiguous.default, aten.unflatten.int, aten.unsqueeze.default,
+           aten.expand.default, aten.clone.default)
 MAX_RANK = 6      # XNNPACK's tensors have at most 6 dims (XNN_MAX_TENSOR_DIMS)
 _COPIED_META = ("nn_module_stack", "stack_trace", "source_fn_stack")
 
