@@ -201,3 +201,19 @@ def test_broadcast_matmul_is_left_as_it_was():
     _, copy, records = rewritten(Broadcast(), (torch.randn(B, H, L, D), torch.randn(1, H, D, S)))
     assert "batch shapes" in records[0].kept_because
     assert torch.ops.aten.matmul.default in [n.target for n in copy.graph.nodes]
+
+
+def test_a_rewrite_that_fails_half_way_leaves_the_node_as_it_was(monkeypatch, caplog):
+    build = attention.sdpa._causal_mask
+
+    def fails_after_emitting(emit, *args):
+        build(emit, *args)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(attention.sdpa, "_causal_mask", fails_after_emitting)
+    inputs = qkv()
+    ep, copy, records = rewritten(Sdpa(is_causal=True), inputs)
+    assert "internal failure" in records[0].kept_because and "boom" in records[0].kept_because
+    assert [n.target for n in copy.graph.nodes] == [n.target for n in ep.graph.nodes]
+    assert any("boom" in r.getMessage() for r in caplog.records if r.name == "xnnfold")
+    torch.testing.assert_close(copy.module()(*inputs), Sdpa(is_causal=True)(*inputs))

@@ -5,11 +5,15 @@ they were, and say why. ``explain`` lists each as an :class:`AttentionRewrite`."
 
 from __future__ import annotations
 
+import logging
+
 from torch.export import ExportedProgram
 
 from . import matmul, sdpa
-from .common import AttentionRewrite
+from .common import AttentionRewrite, Emitter
 from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK, SDPA
+
+logger = logging.getLogger("xnnfold")
 
 __all__ = ["AttentionRewrite", "CAUSAL", "KEEP_FACTOR", "NO_MASK", "SDPA", "rewrite_attention"]
 
@@ -30,10 +34,16 @@ def rewrite_attention(program: ExportedProgram) -> list:
             continue
         reason = step.why_kept(node)
         if reason is None:
-            records.append(AttentionRewrite(node.name, proven=step.rewrite_one(graph, node),
-                                            op=op))
-        else:
-            records.append(AttentionRewrite(node.name, kept_because=reason, op=op))
+            name, emit = node.name, Emitter(graph, node)
+            try:
+                records.append(AttentionRewrite(name, proven=step.rewrite_one(emit, node), op=op))
+                continue
+            except Exception as error:  # noqa: BLE001 - this node stays as stock has it
+                emit.discard()
+                reason = (f"internal failure, left as stock leaves it: "
+                          f"{type(error).__name__}: {error}")
+                logger.warning("xnnfold: %s %r %s", op, name, reason)
+        records.append(AttentionRewrite(node.name, kept_because=reason, op=op))
     if any(r.rewritten for r in records):
         graph.lint()
         program.graph_module.recompile()

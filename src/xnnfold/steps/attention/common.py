@@ -77,11 +77,19 @@ class Emitter:
     def __init__(self, graph: torch.fx.Graph, anchor: torch.fx.Node):
         self.graph, self.anchor = graph, anchor
         self.fake_mode = detect_fake_mode([n.meta.get("val") for n in anchor.all_input_nodes])
+        self.created: list = []
+
+    def discard(self) -> None:
+        """Erase what was created (a rewrite that failed half-way), last first."""
+        for node in reversed(self.created):
+            self.graph.erase_node(node)
+        self.created = []
 
     def __call__(self, target, *args, **kwargs) -> torch.fx.Node:
         with self.graph.inserting_before(self.anchor):
             name = f"{self.anchor.name}_{target.__name__.split('.')[0]}"
             node = self.graph.create_node("call_function", target, args, kwargs, name=name)
+        self.created.append(node)
         vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
         with self.fake_mode:
             node.meta["val"] = target(*vals[0], **vals[1])

@@ -72,14 +72,13 @@ def _as_3d(emit: Emitter, node: torch.fx.Node, batch: int) -> torch.fx.Node:
     return emit(aten.reshape.default, node, reshape_arg([batch, rows, cols]))
 
 
-def rewrite_one(graph: torch.fx.Graph, node: torch.fx.Node) -> str:
+def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
     """Replace ``node`` (a batched matmul :func:`why_kept` accepts) by reshape, bmm, reshape."""
     a, b = node.args
     lead = list(val(a).shape[:-2])
     batch = math.prod(lead)
-    emit = Emitter(graph, node)
     product = emit(aten.bmm.default, _as_3d(emit, a, batch), _as_3d(emit, b, batch))
     out = emit(aten.reshape.default, product, reshape_arg(lead + list(val(node).shape[-2:])))
     node.replace_all_uses_with(out)
-    graph.erase_node(node)
+    emit.graph.erase_node(node)
     return SAME_BATCH

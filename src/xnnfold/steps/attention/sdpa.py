@@ -126,7 +126,7 @@ def _causal_mask(emit: Emitter, rows, cols, dtype: torch.dtype) -> torch.fx.Node
                 float("-inf"))
 
 
-def rewrite_one(graph: torch.fx.Graph, node: torch.fx.Node) -> str:
+def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
     """Replace ``node`` (an SDPA that :func:`why_kept` accepts) by the explicit computation;
     return what was proven about its masked rows."""
     a = sdpa_args(node)
@@ -135,7 +135,6 @@ def rewrite_one(graph: torch.fx.Graph, node: torch.fx.Node) -> str:
     lead, (L, E), S, Ev = list(qv.shape[:-2]), qv.shape[-2:], kv.shape[-2], vv.shape[-1]
     batch = math.prod(lead)
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(E)
-    emit = Emitter(graph, node)
 
     additive, keep, proven = None, None, NO_MASK
     if mask is not None:
@@ -167,5 +166,5 @@ def rewrite_one(graph: torch.fx.Graph, node: torch.fx.Node) -> str:
     if keep is not None:
         out = emit(aten.mul.Tensor, out, keep)
     node.replace_all_uses_with(out)
-    graph.erase_node(node)
+    emit.graph.erase_node(node)
     return proven
