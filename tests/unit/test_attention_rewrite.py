@@ -166,8 +166,8 @@ def test_pipeline_runs_the_step_explain_names_it_and_the_flag_turns_it_off():
     assert result.program is not ep and sdpa_nodes(result.program) == []
     assert [a.proven for a in result.attention] == [attention.CAUSAL]
     text = format_explanation(Explanation.of(result))
-    assert "attention scaled_dot_product_attention: rewritten into ops XNNPACK takes " \
-           "(causal, no empty row)" in text
+    assert "attention step: attention scaled_dot_product_attention rewritten into ops " \
+           "XNNPACK takes (causal, no empty row)" in text
     off = pipeline.run(ep, None, attention=False)
     assert off.program is ep and off.attention == [] and len(sdpa_nodes(off.program)) == 1
 

@@ -37,9 +37,11 @@ class AttentionRewrite:
         return self.kept_because is None
 
     def describe(self) -> str:
+        what = "attention" if self.op == "attention" else "batched matmul"
         if self.rewritten:
-            return f"{self.op} {self.node}: rewritten into ops XNNPACK takes ({self.proven})"
-        return f"{self.op} {self.node}: kept as it was: {self.kept_because}"
+            return (f"attention step: {what} {self.node} rewritten into ops XNNPACK takes "
+                    f"({self.proven})")
+        return f"attention step: {what} {self.node} kept as it was: {self.kept_because}"
 
 
 def val(node) -> Optional[torch.Tensor]:
