@@ -39,8 +39,10 @@ def test_explain(saved, capsys):
     _, path = saved
     assert cli.main(["explain", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    statuses = [line.split()[3] for line in lines[2:] if "packed projection" not in line]
+    statuses = [line.split()[3] for line in lines[2:]
+                if "packed projection" not in line and not line.startswith("attention step:")]
     assert statuses == ["folded"] * 6 + ["plain"] * 2
+    assert any(line.startswith("attention step: attention") for line in lines), lines
     assert any("packed projection of 2 parts split into" in line for line in lines), lines
 
 
