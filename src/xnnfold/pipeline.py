@@ -1,5 +1,5 @@
-"""The whole pass: attention rewritten -> canonical GEMMs -> projections -> analysis -> plan and rules -> fold ->
-probe, repeated until the probe agrees -> runtime weights.
+"""The whole pass: attention rewritten -> canonical GEMMs -> projections -> analysis -> plan
+and rules -> fold -> probe, repeated until the probe agrees -> runtime weights.
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
 reason and returns the input program untouched, which lowers exactly as stock lowers it.
@@ -114,8 +114,9 @@ def _describe(operands: list, groups: list, constants: dict) -> list:
 
 def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet,
                     attention: bool = True) -> FoldResult:
-    """Rewrite attention (unless ``attention`` is False), canonicalize GEMMs, split packed projections, then fold; undo each split whose parts
-    were not all folded and delegated (rule *split*).
+    """Rewrite attention (unless ``attention`` is False), canonicalize GEMMs, split packed
+    projections, then fold; undo each split whose parts were not all folded and delegated
+    (rule *split*).
 
     ``ep`` is only read: the pass copies it once (graph and signature; tensors are shared) and
     rewrites that copy. Each site thus ends either fully split, folded and delegated, or exactly
