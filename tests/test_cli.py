@@ -42,9 +42,11 @@ def test_explain(saved, capsys):
     _, path = saved
     assert cli.main(["explain", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    rows = [line.split() for line in lines[2:] if "packed projection" not in line]
+    rows = [line.split() for line in lines[2:]
+            if "packed projection" not in line and not line.startswith("attention step:")]
     assert {tuple(row[1:3]) for row in rows} == {("mha", "(MultiheadAttention)")}, rows
     assert [row[5] for row in rows] == ["folded"] * 6 + ["plain"] * 2
+    assert any(line.startswith("attention step: attention") for line in lines), lines
     assert any("packed projection of 2 parts split into" in line for line in lines), lines
 
 

@@ -1,6 +1,7 @@
 """Explain: for every GEMM weight and bias, delegated as is, folded, or declined and why (and
-whether it is delegated with a run-time weight); which GEMMs were rewritten as ``linear``; and
-which packed projections were split into one linear per part."""
+whether it is delegated with a run-time weight); which attentions were rewritten into ops XNNPACK
+takes, and which were kept and why; which GEMMs were rewritten as ``linear``; and which packed
+projections were split into one linear per part."""
 
 from __future__ import annotations
 
@@ -13,18 +14,22 @@ from .partitioner import XnnpackPartitioner, fold_gemm_params
 class Explanation(list):
     """The :class:`~xnnfold.pipeline.GemmOperand` rows, plus ``projections`` (each a
     :class:`~xnnfold.steps.projections.PackedProjection`, split or kept), ``canonical`` (each a
-    :class:`~xnnfold.steps.canonical.CanonicalRewrite`) and ``fallback``."""
+    :class:`~xnnfold.steps.canonical.CanonicalRewrite`), ``attention`` (each an
+    :class:`~xnnfold.steps.attention.AttentionRewrite`, rewritten or kept) and ``fallback``."""
 
-    def __init__(self, rows, projections=(), fallback: Optional[str] = None, canonical=()):
+    def __init__(self, rows, projections=(), fallback: Optional[str] = None, canonical=(),
+                 attention=()):
         super().__init__(rows)
         self.projections = list(projections)
         self.canonical = list(canonical)
+        self.attention = list(attention)
         self.fallback = fallback
 
     @classmethod
     def of(cls, result) -> "Explanation":
         """The explanation of a :class:`~xnnfold.pipeline.FoldResult`."""
-        return cls(result.operands, result.projections, result.fallback, result.canonical)
+        return cls(result.operands, result.projections, result.fallback, result.canonical,
+                   result.attention)
 
 
 def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
@@ -54,6 +59,8 @@ def format_explanation(rows: list, fallback: Optional[str] = None, projections=N
               r.node or r.constant or "", r.reason or ""] for r in rows]
     text = _columns(["gemm", "module (class)", "kind", "operand", "status", "rule",
                      "node / constant", "reason"], table) if table else "no GEMM"
+    for attention in getattr(rows, "attention", []):
+        text += f"\n{attention.describe()}"
     for rewrite in getattr(rows, "canonical", []):
         text += f"\n{rewrite.describe()}"
     for site in projections:

@@ -44,15 +44,18 @@ class FoldGemmParams:
     :class:`~xnnfold.rules.RuleSet` to apply (tests pass one without a rule). ``verify_probe``
     (default: the ``XNNFOLD_VERIFY_PROBE`` environment variable) also runs the whole-program
     probe and fails the fold on any disagreement with the fast one (a test mode: it costs a
-    second decomposition of the program).
+    second decomposition of the program). ``attention=False`` leaves every
+    ``scaled_dot_product_attention`` as stock decomposes it (:mod:`xnnfold.steps.attention`).
     """
 
     def __init__(self, partitioner: Optional[StockXnnpackPartitioner] = None,
-                 rules: RuleSet = DEFAULT_RULES, verify_probe: Optional[bool] = None):
+                 rules: RuleSet = DEFAULT_RULES, verify_probe: Optional[bool] = None,
+                 attention: bool = True):
         self.partitioner = partitioner if partitioner is not None \
             else StockXnnpackPartitioner()
         self.rules = rules
         self.verify_probe = verify_probe
+        self.attention = attention
 
     def __call__(self, ep: ExportedProgram) -> pipeline.FoldResult:
         return self.fold_and_probe(ep)[0]
@@ -64,7 +67,7 @@ class FoldGemmParams:
         _check_program(ep)
         probe = make_probe(self.partitioner, self.verify_probe)
         probe.hand_over_last = hand_over_last
-        result = pipeline.run(ep, probe, self.rules)
+        result = pipeline.run(ep, probe, self.rules, self.attention)
         if result.fallback is not None:
             probe.pending = None   # about a fold that was given up: nothing left to check
         _isolate(ep, result)
@@ -74,7 +77,8 @@ class FoldGemmParams:
 def fold_gemm_params(ep: ExportedProgram,
                      partitioner: Optional[StockXnnpackPartitioner] = None,
                      rules: RuleSet = DEFAULT_RULES,
-                     verify_probe: Optional[bool] = None) -> pipeline.FoldResult:
+                     verify_probe: Optional[bool] = None,
+                     attention: bool = True) -> pipeline.FoldResult:
     """Fold the computed weights and biases of ``ep``'s GEMMs into constants.
 
     Returns a :class:`~xnnfold.pipeline.FoldResult`: ``.program`` is a new ExportedProgram
@@ -82,7 +86,7 @@ def fold_gemm_params(ep: ExportedProgram,
     ``.operands`` says, for every GEMM weight and bias, whether it was plain, folded or declined
     and why. The arguments are :class:`FoldGemmParams`'s.
     """
-    return FoldGemmParams(partitioner, rules, verify_probe)(ep)
+    return FoldGemmParams(partitioner, rules, verify_probe, attention)(ep)
 
 
 def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
@@ -105,7 +109,8 @@ def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
-    Same constructor, plus ``rules`` and ``verify_probe`` (see :class:`FoldGemmParams`). Use it
+    Same constructor, plus ``rules``, ``verify_probe`` and ``attention`` (see
+    :class:`FoldGemmParams`). Use it
     with ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
     :class:`~xnnfold.pipeline.FoldResult` of the last program. Its linear configs also take the
     GEMMs the fold marks (a weight that cannot be a constant) with their weight as a run-time
@@ -113,10 +118,10 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     """
 
     def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,
-                 verify_probe: Optional[bool] = None, **kwargs):
+                 verify_probe: Optional[bool] = None, attention: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         open_runtime_weight_path(self)
-        self.fold = FoldGemmParams(self, rules, verify_probe)
+        self.fold = FoldGemmParams(self, rules, verify_probe, attention)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
         self._pending = None       # verification handed over to partition() (PendingCheck)

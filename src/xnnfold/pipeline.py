@@ -1,5 +1,5 @@
-"""The whole pass: canonical GEMMs -> projections -> analysis -> plan and rules -> fold ->
-probe, repeated until the probe agrees -> runtime weights.
+"""The whole pass: attention rewritten -> canonical GEMMs -> projections -> analysis -> plan
+and rules -> fold -> probe, repeated until the probe agrees -> runtime weights.
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
 reason and returns the input program untouched, which lowers exactly as stock lowers it.
@@ -19,6 +19,7 @@ from . import rules
 from .steps.fold import plan
 from .analysis import ProgramFacts, find_operands, find_static
 from .analysis.gemms import source_module
+from .steps.attention import rewrite_attention
 from .steps.canonical import canonicalize
 from .steps.runtime_weight import mark_runtime_weights
 from .errors import FoldError
@@ -64,6 +65,7 @@ class FoldResult:
     freed_params: list = field(default_factory=list)
     projections: list = field(default_factory=list)  # PackedProjection, split or kept
     canonical: list = field(default_factory=list)    # CanonicalRewrite
+    attention: list = field(default_factory=list)    # AttentionRewrite, rewritten or kept
     probe_rounds: int = 0
     fallback: Optional[str] = None    # set when an internal failure sent us back to stock
     modified: bool = False            # False when ``program`` is the input, untouched
@@ -113,16 +115,18 @@ def _describe(operands: list, groups: list, constants: dict) -> list:
     return rows
 
 
-def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet
-                    ) -> FoldResult:
-    """Canonicalize GEMMs, split packed projections, then fold; undo each split whose parts
-    were not all folded and delegated (rule *split*).
+def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet,
+                    attention: bool = True) -> FoldResult:
+    """Rewrite attention (unless ``attention`` is False), canonicalize GEMMs, split packed
+    projections, then fold; undo each split whose parts were not all folded and delegated
+    (rule *split*).
 
     ``ep`` is only read: the pass copies it once (graph and signature; tensors are shared) and
     rewrites that copy. Each site thus ends either fully split, folded and delegated, or exactly
     as it was.
     """
     base = copy_program(ep)
+    attended = rewrite_attention(base) if attention else []
     facts = find_static(base)
     rewrites = canonicalize(base, facts.static)
     if rewrites:
@@ -149,8 +153,9 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
         site.part_linears = {}
     result.projections = sites + kept
     result.canonical = rewrites
+    result.attention = attended
     mark_runtime_weights(result)
-    if result.program is base and not rewrites and \
+    if result.program is base and not rewrites and not any(a.rewritten for a in attended) and \
             not any(row.runtime_weight for row in result.operands):
         result.program = ep    # nothing changed: the caller's own program
     return result
@@ -217,10 +222,11 @@ def check_no_growth(ep: ExportedProgram, result: FoldResult) -> None:
 
 
 def run(ep: ExportedProgram, probe: Optional[Probe],
-        rule_set: RuleSet = DEFAULT_RULES) -> FoldResult:
-    """Fold what the rules allow; on any internal failure, warn once and return ``ep``."""
+        rule_set: RuleSet = DEFAULT_RULES, attention: bool = True) -> FoldResult:
+    """Fold what the rules allow; on any internal failure, warn once and return ``ep``.
+    ``attention``: run the attention step (:mod:`xnnfold.steps.attention`)."""
     try:
-        result = _split_and_fold(ep, probe, rule_set)
+        result = _split_and_fold(ep, probe, rule_set, attention)
         check_no_growth(ep, result)
         settle = getattr(probe, "settle", None)   # a verifying probe's last check
         if settle is not None:

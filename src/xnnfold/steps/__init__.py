@@ -1,11 +1,14 @@
 """The steps of the pass, in the order a program takes them (see :mod:`xnnfold.pipeline`):
 
-1. :mod:`.canonical` — GEMMs with a transposed weight (``addmm(b, x, W.t())``, ``x @ W.T``)
+1. :mod:`.attention` — each ``scaled_dot_product_attention`` and batched ``matmul`` of
+   activations rewritten into ops XNNPACK takes (no safe-softmax, expand or scale glue left on
+   portable), where that is exact; masked rows keep eager's zeros;
+2. :mod:`.canonical` — GEMMs with a transposed weight (``addmm(b, x, W.t())``, ``x @ W.T``)
    rewritten as ``linear``, so that one constant serves every form;
-2. :mod:`.projections` — MHA's packed in-projection split into one linear per part;
-3. :mod:`.fold` — the static computation of each GEMM's weight and bias, planned in groups,
+3. :mod:`.projections` — MHA's packed in-projection split into one linear per part;
+4. :mod:`.fold` — the static computation of each GEMM's weight and bias, planned in groups,
    judged by :mod:`xnnfold.rules` and the probe (:mod:`xnnfold.probe`), folded into constants;
-4. :mod:`.runtime_weight` — the linears whose weight cannot be a plain constant, marked to be
+5. :mod:`.runtime_weight` — the linears whose weight cannot be a plain constant, marked to be
    delegated with a run-time weight.
 
 Each step is a module named after it; ``explain`` names the step that changed each GEMM. What

@@ -9,4 +9,5 @@ SCRIPTS = {
     "lowering-time": "lowering_time",
     "decoder-stack-memory": "decoder_stack_memory",
     "tied-head": "tied_head",
+    "attention-glue": "attention_glue",
 }

@@ -1,0 +1,135 @@
+"""The attention glue (issue 21), measured: transformers' Whisper at whisper-tiny's published
+dims (random weights) exported with ``attn_implementation="sdpa"`` (the default) and
+``"eager"``, each lowered with stock and with xnnfold; and the E=512 demo models, stock /
+xnnfold / ideal. Latency: interleaved rounds, one thread, medians; portable share: ETDump.
+
+    xnnfold bench attention-glue encoder [--rounds 10]    # 3000 frames (30 s)
+    xnnfold bench attention-glue decoder [--rounds 20]    # 8 tokens, 1500 states
+    xnnfold bench attention-glue demo [--rounds 30]
+
+Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is timed as users run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
+
+import torch  # noqa: E402
+
+from xnnfold.bench import models  # noqa: E402
+from xnnfold.bench.devtools import DELEGATE, operator_times  # noqa: E402
+from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower, max_abs_diff  # noqa: E402
+from xnnfold.bench.report import time_interleaved  # noqa: E402
+
+VOCAB, D_MODEL = 51865, 384
+
+
+def whisper(impl: str):
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = WhisperConfig(d_model=D_MODEL, encoder_layers=4, decoder_layers=4,
+                           encoder_attention_heads=6, decoder_attention_heads=6,
+                           encoder_ffn_dim=1536, decoder_ffn_dim=1536, vocab_size=VOCAB,
+                           num_mel_bins=80, max_source_positions=1500,
+                           max_target_positions=448, attn_implementation=impl)
+    return WhisperForConditionalGeneration(config).eval()
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.encoder = model.model.encoder
+
+    def forward(self, features):
+        return self.encoder(input_features=features).last_hidden_state
+
+
+class DecoderStep(torch.nn.Module):
+    """The decoder and its tied head (proj_out) on a few tokens over the encoder's states."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.decoder, self.head = model.model.decoder, model.proj_out
+
+    def forward(self, tokens, states):
+        return self.head(self.decoder(input_ids=tokens, encoder_hidden_states=states,
+                                      use_cache=False).last_hidden_state)
+
+
+def portable_share(pte: bytes, inputs: tuple) -> tuple:
+    ops = operator_times(pte, inputs, runs=3)
+    total = sum(ops.values())
+    portable = total - ops.get(DELEGATE, 0.0)
+    return portable, 100 * portable / total, [(k, round(v, 2)) for k, v in ops.items()
+                                              if k != DELEGATE][:5]
+
+
+def report(variants: dict, inputs: tuple, reference: dict, rounds: int, base: str) -> None:
+    runners = {name: PteRunner(lowered.pte) for name, lowered in variants.items()}
+    for name, lowered in variants.items():
+        diff = max_abs_diff(runners[name].run(inputs), reference[name])
+        notes = [a.describe() for a in lowered.fold.attention] if lowered.fold else []
+        print(f"{name:18s} delegate calls {lowered.delegate_calls:3d}, ops outside "
+              f"{len(lowered.ops_outside):3d}, .pte {lowered.pte_bytes:,} B, max abs diff "
+              f"{diff:.1e}; {len(notes)} rewrites" + (f", e.g. {notes[0]}" if notes else ""),
+              flush=True)
+    medians = {k: statistics.median(v)
+               for k, v in time_interleaved(runners, inputs, rounds).items()}
+    for name, lowered in variants.items():
+        portable, share, top = portable_share(lowered.pte, inputs)
+        print(f"{name:18s} {medians[name]:9.2f} ms  {medians[name] / medians[base]:5.2f}x "
+              f"{base}; portable {portable:.1f} ms ({share:.1f}%) {top}", flush=True)
+
+
+def whisper_part(part: str, rounds: int) -> None:
+    torch.manual_seed(1)
+    if part == "encoder":        # Whisper's encoder takes exactly 3000 frames (30 s)
+        inputs = (torch.randn(1, 80, 3000),)
+    else:
+        inputs = (torch.randint(0, VOCAB, (1, 8)), torch.randn(1, 1500, D_MODEL))
+    variants, reference = {}, {}
+    for impl in ("sdpa", "eager"):
+        model = (Encoder if part == "encoder" else DecoderStep)(whisper(impl))
+        with torch.no_grad():
+            expected = model(*inputs)
+            ep = torch.export.export(model, inputs)
+        for variant in (STOCK, XNNFOLD):
+            start = time.perf_counter()
+            variants[f"{impl}-{variant}"] = lower(ep, variant)
+            reference[f"{impl}-{variant}"] = expected
+            print(f"lowered {impl}-{variant} in {time.perf_counter() - start:.1f} s", flush=True)
+    report(variants, inputs, reference, rounds, "eager-stock")
+
+
+def demo(rounds: int) -> None:
+    for name in ("cross-attention-512", "decoder-layer-512", "self-attention-512"):
+        case = models.build(name)
+        ep = torch.export.export(case.model, case.inputs)
+        variants = {f"{name} stock": lower(ep, STOCK), f"{name} xnnfold": lower(ep, XNNFOLD),
+                    f"{name} ideal": lower(torch.export.export(case.ideal, case.inputs), STOCK)}
+        with torch.no_grad():
+            expected = case.model(*case.inputs)
+        report(variants, case.inputs, dict.fromkeys(variants, expected), rounds,
+               f"{name} ideal")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["encoder", "decoder", "demo"])
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.part == "demo":
+        demo(args.rounds)
+    else:
+        whisper_part(args.part, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

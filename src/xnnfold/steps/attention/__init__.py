@@ -1,0 +1,50 @@
+"""Attention glue off portable: each ``scaled_dot_product_attention`` (:mod:`.sdpa`) and each
+batched ``matmul`` of activations (:mod:`.matmul`, the eager way to write attention) rewritten
+into ops XNNPACK takes, where that is exact and XNNPACK takes all of them; the others are left as
+they were, and say why. ``explain`` lists each as an :class:`AttentionRewrite`."""
+
+from __future__ import annotations
+
+import logging
+
+from torch.export import ExportedProgram
+
+from . import matmul, sdpa
+from .common import AttentionRewrite, Emitter
+from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK, SDPA
+
+logger = logging.getLogger("xnnfold")
+
+__all__ = ["AttentionRewrite", "CAUSAL", "KEEP_FACTOR", "NO_MASK", "SDPA", "rewrite_attention"]
+
+
+def rewrite_attention(program: ExportedProgram) -> list:
+    """Rewrite, in place, every SDPA and batched ``matmul`` node of ``program`` (the pass's own
+    copy) that XNNPACK takes whole once rewritten; return an :class:`AttentionRewrite` for each
+    such node, rewritten or kept."""
+    graph, records = program.graph, []
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is SDPA:
+            step, op = sdpa, "attention"
+        elif matmul.is_batched(node):
+            step, op = matmul, "matmul"
+        else:
+            continue
+        reason = step.why_kept(node)
+        if reason is None:
+            name, emit = node.name, Emitter(graph, node)
+            try:
+                records.append(AttentionRewrite(name, proven=step.rewrite_one(emit, node), op=op))
+                continue
+            except Exception as error:  # noqa: BLE001 - this node stays as stock has it
+                emit.discard()
+                reason = (f"internal failure, left as stock leaves it: "
+                          f"{type(error).__name__}: {error}")
+                logger.warning("xnnfold: %s %r %s", op, name, reason)
+        records.append(AttentionRewrite(node.name, kept_because=reason, op=op))
+    if any(r.rewritten for r in records):
+        graph.lint()
+        program.graph_module.recompile()
+    return records

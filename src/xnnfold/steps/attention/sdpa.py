@@ -1,0 +1,170 @@
+"""``scaled_dot_product_attention`` rewritten into ops XNNPACK takes.
+
+``run_decompositions`` turns each ``aten.scaled_dot_product_attention`` into ``mul.Scalar`` on
+q and k, ``expand`` + ``view`` around two ``bmm``, and a *safe* softmax (``eq(s, -inf)``,
+``logical_not``, ``any``, ``full_like``, ``where``) over the whole ``[..., L, S]`` score tensor.
+XNNPACK 1.5.1 takes the ``bmm`` and the softmax but none of the glue, so every attention splits
+into three delegates with the glue on portable kernels (whisper-tiny's encoder: 60% of its time).
+
+This step writes the same math with ``mul.Tensor`` by a Python float (XNNPACK takes it, unlike
+``mul.Scalar``), ``reshape`` to 3-D, ``transpose``, ``bmm``, ``add`` and a plain ``softmax``.
+A plain softmax differs from the safe one only on a row whose logits are all ``-inf``; for
+finite q and k that happens only where a mask blocks the whole row:
+
+- no mask, ``is_causal=False``: no such row;
+- ``is_causal=True``: torch's causal mask is top-left aligned (row i keeps columns 0..i), so
+  every row keeps column 0; the ``[L, S]`` mask is built on portable, as stock builds it;
+- a mask (bool, True = take part, or additive float): which rows it blocks entirely is computed
+  on the mask itself (its own size, not ``[..., L, S]``), those rows are unblocked so the
+  softmax stays finite, and the output is multiplied by a 0/1 keep factor: such a row gives 0,
+  as eager gives.
+
+An attention XNNPACK would not take whole in this form (dtype, dropout, broadcast batch dims,
+dynamic sizes, a quantized pattern around it) is left exactly as it was, and says why.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.fx
+
+from .common import MAX_RANK, Emitter, dequantized, reshape_arg, static_shape, val
+
+aten = torch.ops.aten
+SDPA = aten.scaled_dot_product_attention.default
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+
+NO_MASK = "no mask"
+CAUSAL = "causal, no empty row"
+KEEP_FACTOR = "mask: fully-masked rows handled by keep factor"
+
+
+def sdpa_args(node: torch.fx.Node) -> dict:
+    """The SDPA call's arguments by name, defaults filled in."""
+    args = dict(zip(_SDPA_ARGS, node.args))
+    args.update(node.kwargs)
+    defaults = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
+                "enable_gqa": False}
+    return {**defaults, **args}
+
+
+def why_kept(node: torch.fx.Node) -> Optional[str]:
+    """Why this SDPA is left as it was, or None if the rewrite applies and XNNPACK takes all
+    its ops (fp32; one batch shape for q, k and v, static, of rank 1 to 4; every reshape with
+    at most one dynamic dim, written -1)."""
+    a = sdpa_args(node)
+    q, k, v = (val(a[n]) for n in ("query", "key", "value"))
+    if q is None or k is None or v is None:
+        return "q, k or v has no tensor metadata"
+    if a["dropout_p"] != 0.0:
+        return f"dropout_p={a['dropout_p']}: random, not rewritten"
+    if any(t.dtype != torch.float32 for t in (q, k, v)):
+        return f"dtype {q.dtype}: XNNPACK's bmm and softmax are taken in fp32 only"
+    if not 3 <= q.dim() <= MAX_RANK or k.dim() != q.dim() or v.dim() != q.dim():
+        return f"ranks {q.dim()}, {k.dim()}, {v.dim()}: bmm needs one batch shape of rank 1-4"
+    if not static_shape(q.shape[:-2]) or not static_shape([q.shape[-1], v.shape[-1]]):
+        return "dynamic batch or head sizes: XNNPACK takes no reshape to a symbolic shape"
+    if q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
+        return (f"batch shapes {tuple(q.shape[:-2])}, {tuple(k.shape[:-2])}, "
+                f"{tuple(v.shape[:-2])} differ (broadcast or grouped-query attention)")
+    if k.shape[-1] != q.shape[-1] or 0 in q.shape or 0 in k.shape or 0 in v.shape:
+        return "empty or mismatched q, k, v sizes"
+    if any(dequantized(a[n]) for n in ("query", "key", "value")):
+        return "q, k or v is dequantized: XNNPACK would take its ops as quantized ones"
+    mask = a["attn_mask"]
+    if mask is not None:
+        if a["is_causal"]:
+            return "both attn_mask and is_causal"
+        m = val(mask)
+        if m is None or m.dim() > q.dim() or m.dtype not in (torch.bool, q.dtype):
+            return "attn_mask of another dtype than bool or q's, or of a higher rank"
+        mask_3d = _mask_3d(q, m)
+        reshaped = list(q.shape)[:-1] + [k.shape[-2]] if mask_3d is None else \
+            mask_3d if m.dim() > 3 else []
+        if reshape_arg(reshaped) is None:
+            return ("dynamic L and S with a mask: the reshape around it would have two "
+                    "dynamic dims, which XNNPACK does not take")
+    return None
+
+
+def _mask_3d(q: torch.Tensor, m: torch.Tensor) -> Optional[list]:
+    """The 3-D shape ``[1 or batch, Lm, Sm]`` the mask takes without an expand, if any: its
+    batch dims (right-aligned) all 1, or all equal to q's."""
+    lead = list(q.shape[:-2])
+    mask_lead = [1] * (len(lead) + 2 - m.dim()) + list(m.shape[:-2])
+    if all(d == 1 for d in mask_lead):
+        return [1] + list(m.shape[-2:])
+    if mask_lead == lead:
+        return [math.prod(lead)] + list(m.shape[-2:])
+    return None
+
+
+def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype) -> tuple:
+    """(additive float mask with no fully blocked row, 0/1 keep factor per row), both
+    computed on the mask's own size."""
+    if val(mask).dtype == torch.bool:
+        alive = emit(aten.any.dim, mask, -1, True)                 # [..., Lm, 1]
+        allowed = emit(aten.logical_or.default, mask, emit(aten.logical_not.default, alive))
+        zeros = emit(aten.zeros_like.default, mask, dtype=dtype)
+        additive = emit(aten.masked_fill.Scalar, zeros,
+                        emit(aten.logical_not.default, allowed), float("-inf"))
+    else:
+        alive = emit(aten.any.dim, emit(aten.ne.Scalar, mask, float("-inf")), -1, True)
+        additive = emit(aten.masked_fill.Scalar, mask, emit(aten.logical_not.default, alive), 0.0)
+    keep = emit(aten.to.dtype, alive, dtype)
+    return additive, keep
+
+
+def _causal_mask(emit: Emitter, rows, cols, dtype: torch.dtype) -> torch.fx.Node:
+    """Additive top-left causal mask [rows, cols], built at run time like stock builds it."""
+    allowed = emit(aten.tril.default, emit(aten.ones.default, [rows, cols], dtype=torch.bool))
+    zeros = emit(aten.zeros.default, [rows, cols], dtype=dtype)
+    return emit(aten.masked_fill.Scalar, zeros, emit(aten.logical_not.default, allowed),
+                float("-inf"))
+
+
+def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
+    """Replace ``node`` (an SDPA that :func:`why_kept` accepts) by the explicit computation;
+    return what was proven about its masked rows."""
+    a = sdpa_args(node)
+    q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+    qv, kv, vv = val(q), val(k), val(v)
+    lead, (L, E), S, Ev = list(qv.shape[:-2]), qv.shape[-2:], kv.shape[-2], vv.shape[-1]
+    batch = math.prod(lead)
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(E)
+
+    additive, keep, proven = None, None, NO_MASK
+    if mask is not None:
+        additive, keep = _mask_parts(emit, mask, qv.dtype)
+        proven = KEEP_FACTOR
+    elif a["is_causal"]:
+        # A dynamic size is read from q / k at run time, as stock's causal mask reads it.
+        rows = L if isinstance(L, int) else emit(aten.sym_size.int, q, qv.dim() - 2)
+        cols = S if isinstance(S, int) else emit(aten.sym_size.int, k, kv.dim() - 2)
+        additive, proven = _causal_mask(emit, rows, cols, qv.dtype), CAUSAL
+
+    def reshape(x, shape):
+        return emit(aten.reshape.default, x, reshape_arg(shape))
+
+    q3 = reshape(emit(aten.mul.Tensor, q, scale), [batch, L, E])
+    k3 = emit(aten.transpose.int, reshape(k, [batch, S, E]), 1, 2)
+    scores = emit(aten.bmm.default, q3, k3)                           # [batch, L, S]
+    mask_3d = _mask_3d(qv, val(additive)) if additive is not None else None
+    if additive is not None and mask_3d is None:
+        # A mask broadcast over some batch dims only: added to the scores in q's rank.
+        scores = emit(aten.add.Tensor, reshape(scores, lead + [L, S]), additive)
+        scores = reshape(scores, [batch, L, S])
+    elif additive is not None:
+        if val(additive).dim() > 3:       # lower ranks broadcast onto [batch, L, S] as they are
+            additive = reshape(additive, mask_3d)
+        scores = emit(aten.add.Tensor, scores, additive)
+    weights = emit(aten.softmax.int, scores, -1)
+    out = reshape(emit(aten.bmm.default, weights, reshape(v, [batch, S, Ev])), lead + [L, Ev])
+    if keep is not None:
+        out = emit(aten.mul.Tensor, out, keep)
+    node.replace_all_uses_with(out)
+    emit.graph.erase_node(node)
+    return proven
