@@ -171,6 +171,7 @@ def test_a_declined_group_agrees_with_the_whole_program_probe():
     assert {o.gemm: o.delegated for o in result.operands} == {"linear": True, "linear_1": False}
 
 
+@pytest.mark.fallback_expected
 def test_a_disagreement_fails_the_fold_naming_the_gemm(monkeypatch):
     """The verification guard: a fast probe that declines everything must be caught."""
     monkeypatch.setattr(fast_probe.FastProbe, "__call__", lambda self, program, constants: set())
