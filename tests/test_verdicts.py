@@ -55,7 +55,7 @@ def test_the_helper_passes_the_unbroken_lowering(helper):
     (lambda outputs: [torch.full_like(o, math.nan) for o in outputs], "NaN/inf"),
     (lambda outputs: [o[:, :1] for o in outputs], "shape (3,1) vs (3,8)"),
     (lambda outputs: outputs + outputs, "2 output(s) vs eager's 1"),
-])
+], ids=["nan", "wrong-shape", "extra-output"])
 def test_a_broken_runtime_output_is_a_numeric_mismatch(helper, monkeypatch, broken, says):
     real = conftest.run_pte
     monkeypatch.setattr(conftest, "run_pte", lambda pte, args: broken(real(pte, args)))
