@@ -2,8 +2,9 @@
 constant_prop_pass).
 
 For each model: GEMMs outside delegates, delegate calls, ops left outside delegates (executorch's
-``get_delegation_info``), .pte bytes, outputs vs eager (:func:`~xnnfold.bench.compare.compare_outputs`: the max abs diff, or WRONG and why), lowering seconds and peak RSS (each
-variant lowered in a process of its own, :mod:`xnnfold.bench.isolated`), latency on the ExecuTorch
+``get_delegation_info``), .pte bytes, outputs vs eager (the max abs diff, or WRONG and why:
+:func:`xnnfold.bench.compare.compare_outputs`), lowering seconds and peak RSS (each variant
+lowered in a process of its own, :mod:`xnnfold.bench.isolated`), latency on the ExecuTorch
 runtime, and where the time goes (ETDump, :func:`xnnfold.bench.devtools.operator_times`).
 
 Latency: all variants are loaded in this process, warmed up, then timed in rounds; every round
