@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch.fx
 
@@ -34,7 +35,6 @@ STRICT_ENV = "XNNFOLD_STRICT"
 
 
 def strict_requested() -> bool:
-    import os
     return os.environ.get(STRICT_ENV, "") not in ("", "0")
 
 
