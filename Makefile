@@ -37,9 +37,11 @@ fuzz: $(STAMP)
 	        tests/test_property.py & pids="$$pids $$!"; \
 	done; status=0; for pid in $$pids; do wait $$pid || status=1; done; exit $$status
 
-# executorch's own XNNPACK tests (linear, conv1d, conv2d, partitioner), stock and with
-# xnnfold.XnnpackPartitioner swapped in by a pytest plugin; one pytest process at a time, both
-# modes take about an hour. Writes out/conformance/summary.md; fails if the passing tests differ.
+# executorch's own XNNPACK tests (passes, ops, serialization, quantizer, partitioner, recipes and
+# the models that import: 412 tests), stock and with xnnfold.XnnpackPartitioner swapped in by a
+# pytest plugin; suite by suite, stock then xnnfold, one pytest process at a time: several hours
+# on 2 cores (conformance/README.md). Writes out/conformance/summary.md after every suite;
+# fails if the passing tests differ.
 conformance: $(STAMP)
 	$(PY) conformance/run.py
 

@@ -41,8 +41,25 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MODES = ("stock", "xnnfold")
-DEFAULT_FILES = ("ops/test_linear.py", "ops/test_conv1d.py", "ops/test_conv2d.py",
-                 "test_xnnpack_partitioner.py")
+GEMM_OPS = ("ops/test_linear.py", "ops/test_conv1d.py", "ops/test_conv2d.py")
+# What the upstream draft PR ran (passes, ops, serialization, quantizer, the partitioner tests),
+# plus recipes and the model tests that import on this torch (the others need torchvision,
+# torchaudio, timm or torchsr, and mobilenet/resnet/inception download pretrained weights).
+# Model files are not named test_*.py: pytest collects them because they are given explicitly.
+# One suite = one pytest process per mode; the suites run one after the other, each stock then
+# xnnfold, so a run stopped part-way still has both modes of every suite it finished.
+SUITES = {
+    "serialization": ("serialization",),
+    "passes": ("passes",),
+    "partitioner": ("test_xnnpack_partitioner.py",),
+    "quantizer": ("quantizer",),
+    "ops": ("ops",),                       # minus GEMM_OPS, which get a suite of their own
+    "ops-gemm": GEMM_OPS,
+    "recipes": ("recipes",),
+    "models": ("models/mobilebert.py", "models/llama2_et_example.py",
+               "models/very_big_model.py"),
+}
+DEFAULT_SUITES = tuple(SUITES)
 OUTCOMES = ("passed", "failed", "error", "skipped")
 
 
@@ -58,7 +75,9 @@ def test_root() -> Path:
     sys.exit("executorch/backends/xnnpack/test not found")
 
 
-def pytest_command(mode: str, root: Path, files, out: Path, extra, seed) -> list:
+def pytest_command(mode: str, root: Path, files, out: Path, extra, seed, tag: str = "") -> list:
+    ignore = [f"--ignore={root / f}" for f in GEMM_OPS if "ops" in files]
+    stem = f"{mode}.{tag}" if tag else mode
     return [
         sys.executable, "-m", "pytest",
         "-c", os.devnull,            # not this repo's pytest config (testpaths, filters)
@@ -70,38 +89,61 @@ def pytest_command(mode: str, root: Path, files, out: Path, extra, seed) -> list
         "-o", "junit_family=xunit1",  # gives each testcase its file
         "-p", "no:cacheprovider", "-p", "no:hydra_pytest",
         "-p", "xnnfold_swap", *(["--xnnfold"] if mode == "xnnfold" else []),
-        "--xnnfold-report", str(out / f"{mode}.plugin.json"),
+        "--xnnfold-report", str(out / f"{stem}.plugin.json"),
         *(["--xnnfold-seed", str(seed)] if seed is not None else []),
-        "--junitxml", str(out / f"{mode}.xml"),
+        "--junitxml", str(out / f"{stem}.xml"),
         "-q", "-rfEs", "--durations=15",
-        *extra,
+        *ignore, *extra,
         *[str(root / f) for f in files],
     ]
 
 
-def run_mode(mode: str, root: Path, files, out: Path, extra, threads: str, seed) -> dict:
-    xml = out / f"{mode}.xml"
-    for stale in (xml, out / f"{mode}.plugin.json"):
+def run_mode(mode: str, root: Path, files, out: Path, extra, threads: str, seed,
+             tag: str = "") -> dict:
+    stem = f"{mode}.{tag}" if tag else mode
+    for stale in (out / f"{stem}.xml", out / f"{stem}.plugin.json"):
         stale.unlink(missing_ok=True)
-    cmd = pytest_command(mode, root, files, out, extra, seed)
+    cmd = pytest_command(mode, root, files, out, extra, seed, tag)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
     env.pop("XNNFOLD_SWAP", None)   # the mode is given by --xnnfold only
     if threads:
         env["OMP_NUM_THREADS"] = threads
     env.setdefault("PYTHONHASHSEED", "0")
-    log = out / f"{mode}.log"
-    print(f"[conformance] {mode}: {shlex.join(cmd)}", flush=True)
-    print(f"[conformance] {mode}: log {log}", flush=True)
+    log = out / f"{stem}.log"
+    print(f"[conformance] {stem}: {shlex.join(cmd)}", flush=True)
+    print(f"[conformance] {stem}: log {log}", flush=True)
     start = time.time()
     with open(log, "w") as f:
         f.write(f"$ {shlex.join(cmd)}\n\n")
         f.flush()
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     seconds = time.time() - start
-    print(f"[conformance] {mode}: pytest exit {rc} in {seconds / 60:.1f} min", flush=True)
+    print(f"[conformance] {stem}: pytest exit {rc} in {seconds / 60:.1f} min", flush=True)
     return {"rc": rc, "seconds": round(seconds, 1), "command": shlex.join(cmd),
-            "finished": datetime.datetime.now().isoformat(timespec="seconds")}
+            "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+            "summary_line": last_summary_line(log)}
+
+
+def last_summary_line(log: Path) -> str:
+    """pytest's final '3 failed, 68 passed, 2 subtests passed in 9.1s' line ('=' around it
+    without -q)."""
+    import re
+    if not log.exists():
+        return ""
+    pattern = re.compile(r"^\d+ (passed|failed|error|errors|skipped|deselected|subtests?)\b"
+                         r".* in [\d.]+s")
+    lines = [l.strip("= ") for l in log.read_text(errors="replace").splitlines()]
+    lines = [l for l in lines if pattern.match(l) or l.startswith("no tests ran")]
+    return lines[-1] if lines else ""
+
+
+def subtest_counts(summary_line: str) -> Counter:
+    """'12 subtests passed, 1 subtests failed' -> Counter(passed=12, failed=1)."""
+    import re
+    return Counter({m.group(2): int(m.group(1))
+                    for m in re.finditer(r"(\d+) subtests? (passed|failed|skipped|xfailed)",
+                                         summary_line)})
 
 
 def parse_junit(path: Path) -> dict:
@@ -147,22 +189,83 @@ def versions() -> str:
     return ", ".join(parts)
 
 
-def summarize(out: Path, runs: dict, files) -> int:
-    results, plugin, missing = {}, {}, []
-    for mode in MODES:
-        xml = out / f"{mode}.xml"
+def merge_plugin(records: list) -> dict | None:
+    """One swap record from the per-suite records of one mode (counts summed, maps merged)."""
+    records = [r for r in records if r]
+    if not records:
+        return None
+    merged = dict(records[0])
+    for key in ("hook_calls_total", "hook_errors_total", "folded_operands_total",
+                "declined_operands_total", "tests_collected"):
+        merged[key] = sum(r.get(key, 0) for r in records)
+    for key in ("hook_calls", "hook_errors", "hook_records", "constructed", "rng"):
+        merged[key] = {k: v for r in records for k, v in r.get(key, {}).items()}
+    for key in ("fallbacks", "problems"):
+        merged[key] = [x for r in records for x in r.get(key, [])]
+    merged["swapped_modules"] = sorted({m for r in records for m in r.get("swapped_modules", [])})
+    merged["bound_modules"] = {side: sorted({m for r in records
+                                             for m in r.get("bound_modules", {}).get(side, [])})
+                               for side in ("xnnfold", "stock")}
+    totals = Counter()
+    for r in records:
+        totals.update(r.get("constructed_total", {}))
+    merged["constructed_total"] = dict(totals)
+    if merged.get("mode") == "xnnfold" and merged["hook_calls_total"] == 0:
+        merged["problems"].append("xnnfold's transform_for_pre_decomposition never ran in any "
+                                  "suite: the swap did not take effect")
+    return merged
+
+
+def load_mode(out: Path, mode: str, suites) -> tuple:
+    """(results, plugin record, suites with results) of one mode: the per-suite files
+    `{mode}.{suite}.xml`, or the single `{mode}.xml` of a run with --files."""
+    stems = [f"{mode}.{suite}" for suite in suites] if suites else [mode]
+    results, records, found = {}, [], []
+    for stem in stems:
+        xml = out / f"{stem}.xml"
         if not xml.exists():
+            continue
+        results.update(parse_junit(xml))
+        report = out / f"{stem}.plugin.json"
+        records.append(json.loads(report.read_text()) if report.exists() else None)
+        found.append(stem.split(".", 1)[-1])
+    return results, merge_plugin(records), found
+
+
+def summarize(out: Path, runs: dict, files, suites=()) -> int:
+    results, plugin, missing, found = {}, {}, [], {}
+    for mode in MODES:
+        mode_results, record, found[mode] = load_mode(out, mode, suites)
+        if not mode_results:
             missing.append(mode)
             continue
-        results[mode] = parse_junit(xml)
-        report = out / f"{mode}.plugin.json"
-        plugin[mode] = json.loads(report.read_text()) if report.exists() else None
+        results[mode], plugin[mode] = mode_results, record
+    if suites:
+        incomplete = [s for s in suites if not all(s in found[m] for m in MODES)]
+        if len(results) == 2 and incomplete:
+            # Compare only the suites that finished in both modes.
+            keep = [s for s in suites if s not in incomplete]
+            for mode in MODES:
+                results[mode], plugin[mode], _ = load_mode(out, mode, keep)
+            results = {m: r for m, r in results.items() if r}
 
     lines = ["# Conformance: executorch's XNNPACK tests, stock vs xnnfold.XnnpackPartitioner", ""]
     lines += [f"Generated {datetime.datetime.now().isoformat(timespec='seconds')} by "
               f"`conformance/run.py`; {versions()}.", ""]
-    lines += ["Test files (unchanged, from the installed wheel, "
-              "`executorch/backends/xnnpack/test/`): " + ", ".join(f"`{f}`" for f in files), ""]
+    if suites:
+        lines += ["Suites (test files unchanged, from the installed wheel, "
+                  "`executorch/backends/xnnpack/test/`): " + "; ".join(
+                      f"{s} = " + ", ".join(f"`{f}`" for f in SUITES[s]) for s in suites), ""]
+        for s in suites:
+            if not all(s in found[m] for m in MODES):
+                lines.append(f"- **suite {s} did not finish in both modes** (stock: "
+                             f"{'done' if s in found['stock'] else 'not run'}, xnnfold: "
+                             f"{'done' if s in found['xnnfold'] else 'not run'}): left out of "
+                             "the comparison below")
+        lines.append("")
+    else:
+        lines += ["Test files (unchanged, from the installed wheel, "
+                  "`executorch/backends/xnnpack/test/`): " + ", ".join(f"`{f}`" for f in files), ""]
 
     status = 0
     if missing:
@@ -191,21 +294,58 @@ def summarize(out: Path, runs: dict, files) -> int:
     lines.append("")
 
     # -- wall time per mode
-    lines += ["## Runs", "", "| mode | tests | wall time | pytest exit | per-test seed base | "
-              "plugin check |", "|---|---|---|---|---|---|"]
-    for mode in MODES:
-        run = runs.get(mode, {})
-        p = plugin.get(mode)
-        wall = f"{run['seconds'] / 60:.1f} min" if "seconds" in run else "(from an earlier run)"
+    stems = [f"{m}.{x}" for x in suites for m in MODES] if suites else list(MODES)
+    lines += ["## Runs", "", "| suite / mode | wall time | pytest exit | pytest's summary line |",
+              "|---|---|---|---|"]
+    subtests = {m: Counter() for m in MODES}
+    for stem in stems:
+        run = runs.get(stem)
+        if not run:
+            continue
+        mode = stem.split(".", 1)[0]
+        run["summary_line"] = last_summary_line(out / f"{stem}.log") or run.get("summary_line", "")
+        subtests[mode].update(subtest_counts(run["summary_line"]))
+        lines.append(f"| {stem} | {run['seconds'] / 60:.1f} min | {run.get('rc', '-')} | "
+                     f"{run.get('summary_line', '')} |")
+    lines.append("")
+    lines += ["| mode | failed | passed | skipped | errors | subtests passed / failed | "
+              "per-test seed base | plugin check |", "|---|---|---|---|---|---|---|---|"]
+    for mode in results:
+        c, p = totals[mode], plugin.get(mode)
         check = "n/a" if p is None else ("OK" if not p["problems"] else "FAILED")
-        n = len(results.get(mode, {}))
         seed = p.get("seed", "-") if p else "-"
-        lines.append(f"| {mode} | {n} | {wall} | {run.get('rc', '-')} | "
+        lines.append(f"| {mode} | {c.get('failed', 0)} | {c.get('passed', 0)} | "
+                     f"{c.get('skipped', 0)} | {c.get('error', 0)} | "
+                     f"{subtests[mode].get('passed', 0)} / {subtests[mode].get('failed', 0)} | "
                      f"{'none (unseeded)' if seed is None else seed} | {check} |")
     lines.append("")
-    for mode in MODES:
-        if "command" in runs.get(mode, {}):
-            lines += [f"{mode}: `{runs[mode]['command']}`", ""]
+
+    # -- which tests reach xnnfold's hook
+    p = plugin.get("xnnfold")
+    if p is not None and "xnnfold" in results:
+        fold_class = p.get("xnnfold_class")
+        constructed = p.get("constructed", {})
+        reached = {t for t, n in p["hook_calls"].items() if n}
+        built_ours = {t for t, c in constructed.items() if c.get(fold_class)}
+        built_other = {t for t, c in constructed.items() if c and not c.get(fold_class)}
+        ids = set(results["xnnfold"])
+
+        def short(nodeid):      # plugin ids are relative to --rootdir, JUnit ids carry the file
+            return nodeid.split("::", 1)[-1]
+        n_tests = len(ids)
+        n_reached = len({short(t) for t in reached})
+        never = sorted(short(t) for t in built_ours - reached)
+        lines += ["## Which tests reach xnnfold's hook (xnnfold mode)", "",
+                  f"- {n_tests} tests ran; {n_reached} called "
+                  "`transform_for_pre_decomposition` at least once (`to_edge_transform_and_lower`)",
+                  f"- **{len(never)} constructed xnnfold's partitioner but never reached its hook** "
+                  "(they lower with `to_edge` + `to_backend`, the tester's `Partition` stage, which "
+                  "does not call `transform_for_pre_decomposition`: there xnnfold's class is "
+                  "stock's)" + (": " + ", ".join(f"`{t}`" for t in never) if never else ""),
+                  f"- {len(built_other)} constructed only other partitioner classes (executorch's "
+                  "subclasses of the stock one, not swapped)",
+                  f"- {n_tests - len({short(t) for t in set(constructed) | reached})} constructed "
+                  "no XNNPACK partitioner at all (quantizer, serialization, pass-only tests)", ""]
 
     # -- differences
     if len(results) == 2:
@@ -323,8 +463,12 @@ def main(argv=None) -> int:
     parser.add_argument("--summarize", action="store_true",
                         help="do not run pytest; compare the XMLs already in --out")
     parser.add_argument("--out", type=Path, default=REPO / "out" / "conformance")
-    parser.add_argument("--files", nargs="+", default=list(DEFAULT_FILES),
-                        help="test files relative to executorch/backends/xnnpack/test/")
+    parser.add_argument("--suites", default=",".join(DEFAULT_SUITES),
+                        help="comma-separated suites, in order (default: all of "
+                             + ", ".join(SUITES) + ")")
+    parser.add_argument("--files", nargs="+", default=None,
+                        help="test files relative to executorch/backends/xnnpack/test/ "
+                             "(instead of --suites; one pytest process per mode)")
     parser.add_argument("--threads", default=os.environ.get("CONFORMANCE_THREADS", "1"),
                         help="OMP_NUM_THREADS for the pytest process (default 1: the machine is "
                              "shared; '' leaves it unset)")
@@ -340,15 +484,23 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.json"
     runs = json.loads(runs_path.read_text()) if runs_path.exists() else {}
+    suites = () if args.files else tuple(x for x in args.suites.split(",") if x)
+    unknown = [x for x in suites if x not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
     if not args.summarize:
         root = test_root()
-        for mode in (MODES if args.mode == "both" else (args.mode,)):
-            seed = None if str(args.seed).lower() == "none" else int(args.seed)
-            runs[mode] = run_mode(mode, root, args.files, out, args.pytest_args, args.threads,
-                                  seed)
-            runs[mode]["seed"] = seed
+        seed = None if str(args.seed).lower() == "none" else int(args.seed)
+        modes = MODES if args.mode == "both" else (args.mode,)
+        jobs = ([(m, f, "") for m in modes for f in [args.files]] if args.files else
+                [(m, SUITES[x], x) for x in suites for m in modes])
+        for mode, files, tag in jobs:
+            key = f"{mode}.{tag}" if tag else mode
+            runs[key] = run_mode(mode, root, files, out, args.pytest_args, args.threads, seed, tag)
+            runs[key]["seed"] = seed
             runs_path.write_text(json.dumps(runs, indent=1))
-    return summarize(out, runs, args.files)
+            summarize(out, runs, args.files, suites)   # partial results are kept as they come
+    return summarize(out, runs, args.files, suites)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,120 @@
-"""The one helper every test uses: lower stock and xnnfold, run both .pte, compare, count."""
+"""The one helper every test uses: lower stock and xnnfold, run both .pte, compare, count.
+
+Its failures are typed (:class:`NumericMismatch`, :class:`Fallback`, :class:`StoredMore`, ...,
+all AssertionErrors carrying the actual values), so that a negative test expects the one failure
+its guard prevents, not a regex that could match the text of some other assertion.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import random
+import zlib
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy
 import pytest
 import torch
 
+from xnnfold import XnnpackPartitioner
+from xnnfold.errors import STRICT_ENV, StrictFallback
 from xnnfold.steps import runtime_weight
-from xnnfold.bench.measure import STOCK, XNNFOLD, Lowered, lower, max_abs_diff, run_pte
+from xnnfold.bench.measure import STOCK, XNNFOLD, Comparison, Lowered, compare_outputs, lower, \
+    run_pte
 
 torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
 # Every fold of the suite runs the fast probe and the whole-program probe and fails on any
 # disagreement (xnnfold.probe.verified); export XNNFOLD_VERIFY_PROBE=0 to time the fast path alone.
 os.environ.setdefault("XNNFOLD_VERIFY_PROBE", "1")
+# An internal failure raises (xnnfold.errors.StrictFallback) instead of falling back to stock;
+# a test that expects a fallback is marked ``fallback_expected``.
+os.environ.setdefault(STRICT_ENV, "1")
+
+
+# --------------------------------------------------------------------------------------------
+# Typed failures: each names what went wrong and carries the values.
+
+
+class NumericMismatch(AssertionError):
+    """A .pte's outputs differ from eager's (beyond tolerance, NaN, shape, dtype, count)."""
+
+
+class Fallback(AssertionError):
+    """xnnfold fell back to stock after an internal failure (or would have, in strict mode)."""
+
+
+class StoredMore(AssertionError):
+    """The xnnfold .pte stores more constant (tensor) bytes than stock's."""
+
+
+class LargerPte(AssertionError):
+    """The xnnfold .pte is larger than stock's, beyond XNNPACK's per-constant overhead."""
+
+
+class GemmsOutside(AssertionError):
+    """More GEMMs left outside delegates than allowed."""
+
+
+class SplitsOutside(AssertionError):
+    """A split of a packed param left outside delegates."""
+
+
+class DelegateCalls(AssertionError):
+    """More delegate calls than stock's (or the ideal's)."""
+
+
+class UnexpectedFold(AssertionError):
+    """The fold's record (statuses, rules, rewrites) is not what the case expects."""
+
+
+class UsersPathDiffers(AssertionError):
+    """The fold with verification off (users' path) differs from the verified one."""
+
+
+def expect(condition, failure: type, message) -> None:
+    """``assert`` with a failure type: pytest's assertion rewriting cannot put the text of
+    the expected value into the message a negative test matches."""
+    if not condition:
+        raise failure(message)
+
+
+def expect_fold(actual, expected, what: str = "fold") -> None:
+    """The fold's record is ``expected``; else :class:`UnexpectedFold`, whose ``actual`` a
+    negative test checks (its message also shows the expected value)."""
+    if actual != expected:
+        failure = UnexpectedFold(f"{what}: got {actual!r}, expected {expected!r}")
+        failure.actual = actual
+        raise failure
+
+
+# --------------------------------------------------------------------------------------------
+# Seeds: every test, and every module-scoped fixture, draws from a seed of its own.
+
+
+def seed_everything(key: str) -> int:
+    """Seed torch, random and numpy from ``key`` (a test's nodeid, a fixture's name)."""
+    seed = zlib.crc32(key.encode())
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy.random.seed(seed)
+    return seed
+
+
+@pytest.fixture(autouse=True)
+def _seeded_and_strict(request, monkeypatch):
+    """Per test: its own seed, whatever ran before it on this worker; strict mode unless the
+    test expects a fallback. (Module-scoped fixtures run before this: they seed themselves.)"""
+    seed_everything(request.node.nodeid)
+    if request.node.get_closest_marker("fallback_expected"):
+        monkeypatch.setenv(STRICT_ENV, "0")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fallback_expected: the test expects xnnfold to fall "
+                                       "back to stock (strict mode off)")
+
 
 # XNNPACK's serialized graph has a per-tensor entry a little larger than the portable program's
 # (measured: +8 to +16 bytes per constant moved into a delegate, whatever its size). A fold that
@@ -35,7 +133,7 @@ ATTENTION_SCALE_BYTES = 4
 class Checked:
     stock: Optional[Lowered]          # None where stock cannot lower the program
     folded: Lowered
-    stock_diff: float
+    stock_diff: float                 # max abs diff from eager (nan where not run)
     folded_diff: float
     ideal: Optional[Lowered] = None
 
@@ -51,42 +149,51 @@ class Checked:
 
 
 def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=None,
-                   run_inputs: Optional[list] = None, tol: float = 1e-5,
-                   partitioner_kwargs: Optional[dict] = None, ideal=None,
-                   stock_run: str = "compare", compare_counts: bool = True,
+                   run_inputs: Optional[list] = None, tol: Optional[float] = None,
+                   rtol: Optional[float] = None, partitioner_kwargs: Optional[dict] = None,
+                   ideal=None, stock_run: str = "compare", compare_counts: bool = True,
                    rules=None, stock_if_modified: bool = False) -> Checked:
     """Export (unless ``ep`` is given), lower stock and xnnfold, run both on the runtime.
 
-    Asserts what holds for *every* program: the xnnfold .pte matches eager within ``tol``, and
-    it never stores more tensor bytes, never has more .pte bytes (but for the per-constant
-    overhead of XNNPACK's format), delegate calls or GEMMs outside delegates than stock. Returns the
-    two lowerings for the test's own assertions. ``run_inputs`` are extra input tuples (other
-    dynamic sizes) to run both programs on. ``ideal`` is a hand rewrite of the model with
-    plain params: where given, it is lowered with stock too, and it also bounds the bytes (XNNPACK
-    stores a conv weight in more bytes than the portable program does, and a delegate where
-    stock has none costs a call). ``stock_run``: "compare" (default) runs the stock .pte too;
-    "raises" expects it to fail to run (XNNPACK rejects it at init); "skip" does not run it
-    (it aborts the process, which no test can catch); "fails_to_lower" expects stock's lowering
-    itself to raise (an op outside the Core ATen opset that xnnfold folds away): only the xnnfold
-    .pte is run and compared, and ``stock`` is None. ``compare_counts=False`` leaves the
-    byte and count comparisons to the caller (the property test states its own). ``rules``:
-    the xnnfold.rules.RuleSet xnnfold lowers with (tests of a rule pass one without it).
-    ``stock_if_modified``: lower stock only if xnnfold changed the program; if it did not, the
-    xnnfold lowering *is* the stock one (the program handed to the stock partitioner's logic is
-    ``ep``, with no GEMM marked), so only the xnnfold .pte is run and ``stock`` is None.
+    Asserts what holds for *every* program: xnnfold did not fall back (:class:`Fallback`), the
+    xnnfold .pte matches eager (:class:`NumericMismatch`; :func:`compare_outputs`, ``tol`` is
+    its ``atol`` and ``rtol`` its ``rtol``, each defaulting per dtype), the fold with
+    verification off (users' path) folds the same (:class:`UsersPathDiffers`), and it never
+    stores more tensor bytes (:class:`StoredMore`), never has more .pte bytes (but for the
+    per-constant overhead of XNNPACK's format; :class:`LargerPte`), delegate calls
+    (:class:`DelegateCalls`) or GEMMs outside delegates (:class:`GemmsOutside`) than stock.
+    Returns the two lowerings for the test's own assertions. ``run_inputs`` are extra input
+    tuples (other dynamic sizes) to run both programs on. ``ideal`` is a hand rewrite of the
+    model with plain params: where given, it is lowered with stock too, and it also bounds the
+    bytes (XNNPACK stores a conv weight in more bytes than the portable program does, and a
+    delegate where stock has none costs a call). ``stock_run``: "compare" (default) runs the
+    stock .pte too; "raises" expects it to fail to run (XNNPACK rejects it at init); "skip" does
+    not run it (it aborts the process, which no test can catch); "fails_to_lower" expects
+    stock's lowering itself to raise (an op outside the Core ATen opset that xnnfold folds
+    away): only the xnnfold .pte is run and compared, and ``stock`` is None.
+    ``compare_counts=False`` leaves the byte and count comparisons to the caller (the property
+    test states its own). ``rules``: the xnnfold.rules.RuleSet xnnfold lowers with (tests of a
+    rule pass one without it). ``stock_if_modified``: lower stock only if xnnfold changed the
+    program; if it did not, the xnnfold lowering *is* the stock one (the program handed to the
+    stock partitioner's logic is ``ep``, with no GEMM marked), so only the xnnfold .pte is run
+    and ``stock`` is None.
     """
     if ep is None:
         ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+    tolerance = {"rtol": rtol, "atol": tol}
+    kwargs = {**(partitioner_kwargs or {}), **({"rules": rules} if rules is not None else {})}
     if stock_run == "fails_to_lower":
         assert not (run_inputs or reference or ideal), "fails_to_lower checks the inputs only"
-        return _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs)
-    folded = lower(ep, XNNFOLD, {**(partitioner_kwargs or {}),
-                                 **({"rules": rules} if rules is not None else {})})
+        with pytest.raises(Exception):
+            lower(ep, STOCK, partitioner_kwargs)
+        return _check_xnnfold_alone(model, ep, _lower_xnnfold(ep, kwargs), inputs, None,
+                                    tolerance, kwargs)
+    folded = _lower_xnnfold(ep, kwargs)
     if stock_if_modified and not folded.fold.modified:
         assert not any(map(runtime_weight.is_marked, folded.fold.program.graph.nodes))
-        return _check_xnnfold_alone(model, folded, inputs, run_inputs, tol)
+        return _check_xnnfold_alone(model, ep, folded, inputs, run_inputs, tolerance, kwargs)
     stock = lower(ep, STOCK, partitioner_kwargs)
-    diffs = {STOCK: 0.0, XNNFOLD: 0.0}
+    verdicts = {STOCK: Comparison(True), XNNFOLD: Comparison(True)}
     for args in [inputs] + list(run_inputs or []):
         with torch.no_grad():
             expected = reference(*args) if reference is not None else model(*args)
@@ -96,63 +203,112 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
         for variant, lowered in ((STOCK, stock), (XNNFOLD, folded)):
             if variant == STOCK and stock_run != "compare":
                 continue
-            diffs[variant] = max(diffs[variant], max_abs_diff(run_pte(lowered.pte, args),
-                                                              expected))
-    assert diffs[XNNFOLD] <= tol, f"xnnfold .pte differs from eager by {diffs[XNNFOLD]}"
+            verdicts[variant] = verdicts[variant].worst(
+                compare_outputs(run_pte(lowered.pte, args), expected, **tolerance))
+    _expect_matches(verdicts[XNNFOLD], "xnnfold")
     ideal_lowered = None
     if ideal is not None:
         ideal_ep = torch.export.export(ideal, inputs, dynamic_shapes=dynamic_shapes)
         ideal_lowered = lower(ideal_ep, STOCK, partitioner_kwargs)
-        assert max_abs_diff(run_pte(ideal_lowered.pte, inputs), model(*inputs)) <= tol
-    assert folded.fold is not None and folded.fold.fallback is None, folded.fold.fallback
+        with torch.no_grad():
+            _expect_matches(compare_outputs(run_pte(ideal_lowered.pte, inputs), model(*inputs),
+                                            **tolerance), "the ideal rewrite's")
+    _expect_users_path(ep, folded, kwargs)
+    checked = Checked(stock, folded, verdicts[STOCK].max_abs_diff,
+                      verdicts[XNNFOLD].max_abs_diff, ideal_lowered)
     # The naive fold's failure: tensors stored twice. Exact, whatever the format's overhead,
     # but for the one-float scale each rewritten attention's delegate stores (stock keeps it
     # in a mul.Scalar on portable).
     scales = ATTENTION_SCALE_BYTES * sum(a.rewritten for a in folded.fold.attention)
-    assert folded.constant_bytes <= stock.constant_bytes + scales, (folded.constant_bytes,
-                                                                    stock.constant_bytes)
+    expect(folded.constant_bytes <= stock.constant_bytes + scales, StoredMore,
+           f"xnnfold stores {folded.constant_bytes:,} constant bytes, stock "
+           f"{stock.constant_bytes:,} (+{scales} for attention scales)")
     if not compare_counts:
-        return Checked(stock, folded, diffs[STOCK], diffs[XNNFOLD], ideal_lowered)
-    assert len(folded.gemms_outside) <= len(stock.gemms_outside)
+        return checked
+    expect(len(folded.gemms_outside) <= len(stock.gemms_outside), GemmsOutside,
+           f"GEMMs outside delegates: xnnfold {folded.gemms_outside}, stock "
+           f"{stock.gemms_outside}")
     moved = len(stock.gemms_outside) - len(folded.gemms_outside)
     slack = DELEGATE_BYTES_PER_CONSTANT * len(folded.fold.constants) + \
         DELEGATE_BYTES_PER_GEMM * moved
     bound = max(stock.pte_bytes + slack, ideal_lowered.pte_bytes if ideal_lowered else 0)
-    assert folded.pte_bytes <= bound, (folded.pte_bytes, stock.pte_bytes, bound)
+    expect(folded.pte_bytes <= bound, LargerPte,
+           f"xnnfold .pte {folded.pte_bytes:,} bytes, stock {stock.pte_bytes:,}, bound {bound:,}")
     max_calls = max(stock.delegate_calls + moved,
                     ideal_lowered.delegate_calls if ideal_lowered else 0)
-    assert folded.delegate_calls <= max_calls, (folded.delegate_calls, stock.delegate_calls)
-    return Checked(stock, folded, diffs[STOCK], diffs[XNNFOLD], ideal_lowered)
+    expect(folded.delegate_calls <= max_calls, DelegateCalls,
+           f"xnnfold {folded.delegate_calls} delegate calls, stock {stock.delegate_calls}, "
+           f"bound {max_calls}")
+    return checked
 
 
-def _check_where_stock_cannot_lower(model, ep, inputs, tol, partitioner_kwargs) -> Checked:
-    with pytest.raises(Exception):
-        lower(ep, STOCK, partitioner_kwargs)
-    return _check_xnnfold_alone(model, lower(ep, XNNFOLD, partitioner_kwargs), inputs, None, tol)
+def _lower_xnnfold(ep, kwargs: dict) -> Lowered:
+    """Lower with xnnfold; a fallback (or, in strict mode, the error raised in its place) is a
+    :class:`Fallback`."""
+    try:
+        folded = lower(ep, XNNFOLD, kwargs)
+    except StrictFallback as error:
+        raise Fallback(str(error)) from error
+    expect(folded.fold is not None, Fallback, "xnnfold's hook did not run")
+    expect(folded.fold.fallback is None, Fallback, f"xnnfold fell back: {folded.fold.fallback}")
+    return folded
 
 
-def _check_xnnfold_alone(model, folded, inputs, run_inputs, tol) -> Checked:
+def _expect_matches(verdict: Comparison, whose: str) -> None:
+    expect(verdict.ok, NumericMismatch, f"{whose} .pte differs from eager: {verdict.reason}")
+
+
+def fold_record(result) -> tuple:
+    """What a fold decided, comparable between two runs of it."""
+    return ([(o.gemm, o.role, o.status, o.rule, o.delegated, o.runtime_weight)
+             for o in result.operands],
+            sorted((c.name, tuple(c.shape), c.dtype, tuple(c.consumers)) for c in result.constants))
+
+
+def _expect_users_path(ep, folded: Lowered, kwargs: dict) -> None:
+    """The users' path: the fold alone, verification off (fast-probe failures would be
+    swallowed there; strict mode raises them), must decide what the verified lowering did.
+    Only the fold runs, not a second lowering."""
+    partitioner = XnnpackPartitioner(**{**kwargs, "verify_probe": False})
+    try:
+        unverified = partitioner.fold(ep)
+    except StrictFallback as error:
+        raise Fallback(f"with verification off: {error}") from error
+    expect(unverified.fallback is None, Fallback,
+           f"with verification off, xnnfold fell back: {unverified.fallback}")
+    expect(fold_record(unverified) == fold_record(folded.fold), UsersPathDiffers,
+           f"verification off: {fold_record(unverified)}; on: {fold_record(folded.fold)}")
+
+
+def _check_xnnfold_alone(model, ep, folded, inputs, run_inputs, tolerance, kwargs) -> Checked:
     """Run and compare the xnnfold .pte only (``stock`` is None): where stock's lowering
     raises, or where xnnfold's lowering is stock's."""
-    assert folded.fold is not None and folded.fold.fallback is None, folded.fold.fallback
-    diff = 0.0
+    verdict = Comparison(True)
     for args in [inputs] + list(run_inputs or []):
         with torch.no_grad():
-            diff = max(diff, max_abs_diff(run_pte(folded.pte, args), model(*args)))
-    assert diff <= tol, f"xnnfold .pte differs from eager by {diff}"
-    return Checked(None, folded, float("nan"), diff)
+            verdict = verdict.worst(compare_outputs(run_pte(folded.pte, args), model(*args),
+                                                    **tolerance))
+    _expect_matches(verdict, "xnnfold")
+    _expect_users_path(ep, folded, kwargs)
+    return Checked(None, folded, float("nan"), verdict.max_abs_diff)
 
 
 def assert_all_delegated(checked: Checked, packed_shapes=(), part_shapes=()) -> None:
     """No GEMM and no split outside delegates; delegates hold the parts, not the packed param."""
     folded = checked.folded
-    assert folded.gemms_outside == [], folded.ops_outside
-    assert folded.splits_outside == [], folded.ops_outside
+    expect(folded.gemms_outside == [], GemmsOutside,
+           f"GEMMs outside delegates: {folded.gemms_outside} (all ops outside: "
+           f"{folded.ops_outside})")
+    expect(folded.splits_outside == [], SplitsOutside,
+           f"splits outside delegates: {folded.splits_outside} (all ops outside: "
+           f"{folded.ops_outside})")
     held = folded.constant_shapes()
     for shape in packed_shapes:
-        assert tuple(shape) not in held, f"a delegate holds the packed param {shape}: {held}"
+        expect(tuple(shape) not in held, UnexpectedFold,
+               f"a delegate holds the packed param {shape}: {held}")
     for shape in part_shapes:
-        assert tuple(shape) in held, f"no delegate holds a part of shape {shape}: {held}"
+        expect(tuple(shape) in held, UnexpectedFold,
+               f"no delegate holds a part of shape {shape}: {held}")
 
 
 # The ops MHA's in-projection layout chain leaves on portable (no XNNPACK config in 1.5.1).

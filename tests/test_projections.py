@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import xnnfold
-from conftest import LAYOUT_OPS, assert_all_delegated, assert_matches_ideal, check_lowering
+from conftest import (LAYOUT_OPS, GemmsOutside, assert_all_delegated, assert_matches_ideal,
+                      check_lowering)
 from xnnfold import rules
 from xnnfold.bench import models
 
@@ -145,9 +146,10 @@ def test_split_undone_when_parts_are_not_delegated(bf16_layout):
 
 def test_undo_is_load_bearing(bf16_layout, monkeypatch):
     monkeypatch.setattr(rules, "split_kept", lambda site, rows: None)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError) as raised:
         checked = _check_bf16(bf16_layout)
         assert checked.folded.pte == checked.stock.pte
+    assert type(raised.value) is GemmsOutside, f"{type(raised.value).__name__}: {raised.value}"
 
 
 def test_explain_names_the_split():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch.fx
 
@@ -26,3 +27,16 @@ def at_node(node: torch.fx.Node, doing: str):
     except Exception as error:  # noqa: BLE001 - every failure must name its node
         raise FoldError(node.name, f"{doing} {node.format_node()}: "
                         f"{type(error).__name__}: {error}") from error
+
+
+# Tests set XNNFOLD_STRICT=1: an internal failure that users' runs turn into a warning and a
+# fallback to stock (which hides it: the .pte is still right) raises StrictFallback instead.
+STRICT_ENV = "XNNFOLD_STRICT"
+
+
+def strict_requested() -> bool:
+    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+
+
+class StrictFallback(RuntimeError):
+    """Raised, in strict mode only, where xnnfold would have warned and fallen back to stock."""

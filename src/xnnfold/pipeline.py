@@ -2,7 +2,8 @@
 and rules -> fold -> probe, repeated until the probe agrees -> runtime weights.
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
-reason and returns the input program untouched, which lowers exactly as stock lowers it.
+reason and returns the input program untouched, which lowers exactly as stock lowers it (in
+strict mode, ``XNNFOLD_STRICT=1``, a test setting, it raises ``StrictFallback`` instead).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .analysis.gemms import source_module
 from .steps.attention import rewrite_attention
 from .steps.canonical import canonicalize
 from .steps.runtime_weight import mark_runtime_weights
-from .errors import FoldError
+from .errors import FoldError, StrictFallback, strict_requested
 from .steps.fold.evaluate import ConeEvaluator
 from .steps.fold import apply_folds, copy_program, copy_with_nodes
 from .steps.projections import find_packed_projections, split_packed_projections
@@ -237,6 +238,8 @@ def run(ep: ExportedProgram, probe: Optional[Probe],
         where, why = error.node, error.reason
     except Exception as error:  # noqa: BLE001 - never fail a lowering stock would pass
         where, why = "<program>", f"{type(error).__name__}: {error}"
+    if strict_requested():
+        raise StrictFallback(f"xnnfold would fall back to stock at node {where!r}: {why}")
     logger.warning("xnnfold: folding skipped at node %r: %s; lowering as the stock "
                    "XnnpackPartitioner would", where, why)
     return FoldResult(ep, _unfolded_rows(ep, where, why), fallback=f"at node {where!r}: {why}")

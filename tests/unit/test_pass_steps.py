@@ -13,6 +13,7 @@ from torch import nn
 from xnnfold import analysis, pipeline, rules
 from xnnfold.steps import canonical, projections, runtime_weight
 from xnnfold.steps.fold import plan
+from xnnfold.errors import STRICT_ENV, StrictFallback
 from xnnfold.rules import DEFAULT_RULES, Rule, Status
 
 E = 8
@@ -226,7 +227,9 @@ def test_untied_plain_linear_is_not_marked():
             return self.layer(x)
 
     ep = export(Plain(), torch.randn(2, E))
-    assert pipeline.run(ep, probe=None).program is ep
+    result = pipeline.run(ep, probe=None)
+    # ``is ep`` also after a fallback: that it did not fall back is what says "nothing to do"
+    assert result.program is ep and result.fallback is None, result.fallback
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,7 +239,7 @@ def test_untied_plain_linear_is_not_marked():
 def test_pass_with_a_probe_that_takes_nothing_folds_nothing():
     ep = export(Split(), torch.randn(2, E))
     result = pipeline.run(ep, probe=lambda program, constants: set())
-    assert result.program is ep
+    assert result.program is ep and result.fallback is None, result.fallback
     assert {(r.status, r.rule) for r in result.operands} == {(Status.DECLINED, Rule.DELEGATED)}
 
 
@@ -255,10 +258,18 @@ def test_pass_with_a_probe_that_takes_everything_frees_the_packed_param():
     assert all(torch.equal(p, w) for p, w in zip(parts, packed.split(E)))
 
 
+@pytest.mark.fallback_expected
 def test_no_growth_guard():
     ep = export(Split("sum"), torch.randn(2, E))
     result = pipeline.run(ep, probe=None, rule_set=DEFAULT_RULES.without(Rule.SIZE))
     assert result.program is ep and "more than the input" in result.fallback
+
+
+def test_strict_mode_raises_where_users_get_a_fallback(monkeypatch):
+    ep = export(Split("sum"), torch.randn(2, E))
+    monkeypatch.setenv(STRICT_ENV, "1")
+    with pytest.raises(StrictFallback, match="more than the input"):
+        pipeline.run(ep, probe=None, rule_set=DEFAULT_RULES.without(Rule.SIZE))
 
 
 def test_projection_match_takes_mha_layout_only():

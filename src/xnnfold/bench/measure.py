@@ -20,6 +20,8 @@ from torch.export.graph_signature import InputKind
 
 from ..analysis.gemms import EDGE_GEMM_NAMES, EDGE_SPLIT_NAMES, op_name, source_module
 from ..partitioner import XnnpackPartitioner
+# The one comparison of outputs, for the tests and the report (re-exported here).
+from .compare import Comparison, compare_outputs, default_tolerance  # noqa: F401
 
 # Variants of lowering one exported program.
 STOCK, XNNFOLD, CONSTANT_PROP = "stock", "xnnfold", "constant_prop_pass"
@@ -171,9 +173,3 @@ class PteRunner:
 
 def run_pte(pte: bytes, inputs: tuple) -> list:
     return PteRunner(pte).run(inputs)
-
-
-def max_abs_diff(outputs, reference) -> float:
-    if isinstance(reference, torch.Tensor):
-        reference = [reference]
-    return max(float((o.float() - r.float()).abs().max()) for o, r in zip(outputs, reference))

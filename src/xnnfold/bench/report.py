@@ -2,8 +2,9 @@
 constant_prop_pass).
 
 For each model: GEMMs outside delegates, delegate calls, ops left outside delegates (executorch's
-``get_delegation_info``), .pte bytes, max abs diff vs eager, lowering seconds and peak RSS (each
-variant lowered in a process of its own, :mod:`xnnfold.bench.isolated`), latency on the ExecuTorch
+``get_delegation_info``), .pte bytes, outputs vs eager (the max abs diff, or WRONG and why:
+:func:`xnnfold.bench.compare.compare_outputs`), lowering seconds and peak RSS (each variant
+lowered in a process of its own, :mod:`xnnfold.bench.isolated`), latency on the ExecuTorch
 runtime, and where the time goes (ETDump, :func:`xnnfold.bench.devtools.operator_times`).
 
 Latency: all variants are loaded in this process, warmed up, then timed in rounds; every round
@@ -31,11 +32,11 @@ from tqdm import tqdm
 
 from . import models
 from .isolated import EAGER_EXPORT, IDEAL, lower_isolated
-from .measure import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, PteRunner, max_abs_diff
+from .measure import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, PteRunner, compare_outputs
 
 VARIANTS = (STOCK, XNNFOLD, STOCK_FLAG, IDEAL, EAGER_EXPORT, CONSTANT_PROP)
 PROFILED = (STOCK, XNNFOLD)          # the variants whose time the ETDump breaks down
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3                   # 3: outputs_ok, mismatch, max_rel_diff
 
 
 @dataclass
@@ -48,7 +49,10 @@ class Row:
     ops_outside: Optional[int] = None
     ops_outside_by_type: dict = field(default_factory=dict)
     pte_bytes: Optional[int] = None
-    max_abs_diff: Optional[float] = None
+    max_abs_diff: Optional[float] = None         # vs eager; nan where not comparable
+    max_rel_diff: Optional[float] = None
+    outputs_ok: Optional[bool] = None            # compare_outputs' verdict (default tolerance)
+    mismatch: Optional[str] = None               # why not ok: "output 0: shape (1,) vs (4,)"
     lower_seconds: Optional[float] = None
     peak_rss_mib: Optional[float] = None
     base_rss_mib: Optional[float] = None
@@ -81,7 +85,9 @@ def _lower_row(source, variant: str, case, expected, folder: str, verbose: bool)
         row.lower_seconds = round(lowering.lower_seconds, 2)
         row.peak_rss_mib = lowering.peak_rss_mib and round(lowering.peak_rss_mib, 1)
         row.base_rss_mib = lowering.base_rss_mib and round(lowering.base_rss_mib, 1)
-        row.max_abs_diff = max_abs_diff(runner.run(case.inputs), expected)
+        verdict = compare_outputs(runner.run(case.inputs), expected)
+        row.outputs_ok, row.mismatch = verdict.ok, verdict.reason
+        row.max_abs_diff, row.max_rel_diff = verdict.max_abs_diff, verdict.max_rel_diff
     except Exception as error:  # noqa: BLE001 - a variant that fails is a finding
         row.error, runner = _error_line(error), None
     return row, runner
@@ -236,7 +242,7 @@ def _number(value, spec: str) -> str:
 
 def table(report: dict, fmt: str = "simple") -> str:
     headers = ["model", "variant", "GEMMs outside", "delegate calls", "ops outside",
-               ".pte bytes", "max abs diff", "lower s", "peak RSS MiB",
+               ".pte bytes", "outputs vs eager", "lower s", "peak RSS MiB",
                "latency ms median (min-max)", "vs stock"]
     body = []
     for r in report["rows"]:
@@ -247,10 +253,18 @@ def table(report: dict, fmt: str = "simple") -> str:
         latency = (f"{r['median_ms']:.3f} ({r['min_ms']:.3f}-{r['max_ms']:.3f})"
                    if r["median_ms"] is not None else "")
         body.append([r["model"], r["variant"], r["gemms_outside"], r["delegate_calls"],
-                     r["ops_outside"], f"{r['pte_bytes']:,}", f"{r['max_abs_diff']:.1e}",
+                     r["ops_outside"], f"{r['pte_bytes']:,}", outputs_cell(r),
                      _number(r["lower_seconds"], ".2f"), _number(r["peak_rss_mib"], ",.0f"),
                      latency, _number(r["ratio_to_stock"], ".3f")])
     return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+
+
+def outputs_cell(row: dict) -> str:
+    """The max abs diff where the outputs match eager, else WRONG and why: a wrong .pte never
+    shows as a small number."""
+    if row.get("outputs_ok") is False:
+        return f"WRONG: {row['mismatch']}"
+    return f"{row['max_abs_diff']:.1e}"
 
 
 def _by_model(report: dict) -> dict:
@@ -374,7 +388,7 @@ def plot(report: dict, path: Path) -> None:
     for index, variant in enumerate(variants):
         values = [next((r["median_ms"] for r in report["rows"] if r["model"] == name
                         and r["variant"] == variant and r["median_ms"]), 0) for name in names]
-        wrong = any(r["variant"] == variant and (r["max_abs_diff"] or 0) > 1e-3
+        wrong = any(r["variant"] == variant and r["outputs_ok"] is False
                     for r in report["rows"])
         label = f"{variant} (wrong outputs)" if wrong and variant != STOCK else variant
         ax.bar([i + index * width for i in range(len(names))], values, width, label=label,

@@ -23,7 +23,8 @@ import torch  # noqa: E402
 
 from xnnfold.bench import models  # noqa: E402
 from xnnfold.bench.devtools import DELEGATE, operator_times  # noqa: E402
-from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower, max_abs_diff  # noqa: E402
+from xnnfold.bench.compare import compare_outputs  # noqa: E402
+from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower  # noqa: E402
 from xnnfold.bench.report import time_interleaved  # noqa: E402
 
 VOCAB, D_MODEL = 51865, 384
@@ -73,11 +74,11 @@ def portable_share(pte: bytes, inputs: tuple) -> tuple:
 def report(variants: dict, inputs: tuple, reference: dict, rounds: int, base: str) -> None:
     runners = {name: PteRunner(lowered.pte) for name, lowered in variants.items()}
     for name, lowered in variants.items():
-        diff = max_abs_diff(runners[name].run(inputs), reference[name])
+        verdict = compare_outputs(runners[name].run(inputs), reference[name])
         notes = [a.describe() for a in lowered.fold.attention] if lowered.fold else []
         print(f"{name:18s} delegate calls {lowered.delegate_calls:3d}, ops outside "
-              f"{len(lowered.ops_outside):3d}, .pte {lowered.pte_bytes:,} B, max abs diff "
-              f"{diff:.1e}; {len(notes)} rewrites" + (f", e.g. {notes[0]}" if notes else ""),
+              f"{len(lowered.ops_outside):3d}, .pte {lowered.pte_bytes:,} B, {verdict}; "
+              f"{len(notes)} rewrites" + (f", e.g. {notes[0]}" if notes else ""),
               flush=True)
     medians = {k: statistics.median(v)
                for k, v in time_interleaved(runners, inputs, rounds).items()}

@@ -1,0 +1,128 @@
+"""The one comparison of a .pte's outputs with eager's, for the tests and the report.
+
+``compare_outputs(actual, expected)`` passes where every element satisfies
+``|a - e| <= atol + rtol * |e|`` (the scaled tolerance of ``torch.testing.assert_close``), and
+fails, with the reason, on what a maximum of differences hides: a NaN or inf where eager has a
+finite value, a missing or extra output, a shape or dtype mismatch. ``max(0.0, nan)`` is 0.0,
+and a (1,) output broadcast against a (4,) reference differs by nothing: neither passes here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch.utils import _pytree as pytree
+
+# Default (rtol, atol) per dtype of the expected output. fp32: XNNPACK sums in another order
+# than eager's kernels, and an absolute 1e-5 is under 3 ulp at outputs near 40 (stock's own .pte
+# exceeded it in 2 of 40 random states of one test case); a relative 1e-4 scales with the
+# values. Half types: torch.testing's defaults. Integers and bools must be exact.
+DEFAULT_TOLERANCE = {
+    torch.float32: (1e-4, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+}
+
+
+def default_tolerance(dtype: torch.dtype) -> tuple:
+    """(rtol, atol) for outputs of ``dtype``: see DEFAULT_TOLERANCE; exact for the others."""
+    return DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+
+
+@dataclass
+class Comparison:
+    """The verdict on one set of outputs: ``ok``, the largest differences, and why not ok."""
+
+    ok: bool
+    max_abs_diff: float = 0.0        # over elements where eager is finite; nan if not comparable
+    max_rel_diff: float = 0.0        # |a - e| / |e|, over elements where e != 0
+    reason: Optional[str] = None     # set when not ok
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"max abs diff {self.max_abs_diff:.1e}"
+        return f"WRONG: {self.reason}"
+
+    def worst(self, other: "Comparison") -> "Comparison":
+        """The first failure of the two, else the larger differences (several input sets)."""
+        if not self.ok:
+            return self
+        if not other.ok:
+            return other
+        return Comparison(True, max(self.max_abs_diff, other.max_abs_diff),
+                          max(self.max_rel_diff, other.max_rel_diff))
+
+
+def _flat(outputs) -> list:
+    """The tensors of a (nested) output, in order; None leaves (an MHA's weights) dropped,
+    Python numbers as 0-dim tensors."""
+    leaves = pytree.tree_leaves(outputs)
+    return [leaf if isinstance(leaf, torch.Tensor) else torch.tensor(leaf)
+            for leaf in leaves if leaf is not None]
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "(" + ",".join(str(s) for s in t.shape) + ("," if t.dim() == 1 else "") + ")"
+
+
+def _compare_one(index: int, a: torch.Tensor, e: torch.Tensor, rtol: Optional[float],
+                 atol: Optional[float]) -> Comparison:
+    where = f"output {index}: "
+    if tuple(a.shape) != tuple(e.shape):
+        return Comparison(False, math.nan, math.nan, f"{where}shape {_shape(a)} vs {_shape(e)}")
+    if a.dtype != e.dtype:
+        return Comparison(False, math.nan, math.nan, f"{where}dtype {a.dtype} vs {e.dtype}")
+    d_rtol, d_atol = default_tolerance(e.dtype)
+    rtol = d_rtol if rtol is None else rtol
+    atol = d_atol if atol is None else atol
+    if a.numel() == 0:
+        return Comparison(True)
+    a64, e64 = a.detach().double(), e.detach().double()
+    finite = torch.isfinite(e64)
+    # Where eager is NaN or inf, the .pte must give the same (NaN where NaN, inf of that sign).
+    special = ~finite
+    if special.any():
+        same = (a64[special] == e64[special]) | (a64[special].isnan() & e64[special].isnan())
+        if not bool(same.all()):
+            bad = int((~same).sum())
+            return Comparison(False, math.nan, math.nan,
+                              f"{where}{bad} element(s) differ where eager is NaN or inf")
+    diff = (a64[finite] - e64[finite]).abs()
+    if diff.numel() == 0:
+        return Comparison(True)
+    not_finite = int((~torch.isfinite(a64[finite])).sum())
+    if not_finite:
+        return Comparison(False, math.nan, math.nan,
+                          f"{where}{not_finite} NaN/inf element(s) where eager is finite")
+    ref = e64[finite].abs()
+    max_abs = float(diff.max())
+    nonzero = ref > 0
+    max_rel = float((diff[nonzero] / ref[nonzero]).max()) if bool(nonzero.any()) else 0.0
+    excess = diff - (atol + rtol * ref)
+    if bool((excess > 0).any()):
+        i = int(excess.argmax())
+        return Comparison(False, max_abs, max_rel,
+                          f"{where}max abs diff {max_abs:.3g} (max rel {max_rel:.3g}) beyond "
+                          f"atol {atol:g} + rtol {rtol:g} * |expected| (worst element: "
+                          f"{float(a64[finite][i]):.6g} vs {float(e64[finite][i]):.6g})")
+    return Comparison(True, max_abs, max_rel)
+
+
+def compare_outputs(actual, expected, rtol: Optional[float] = None,
+                    atol: Optional[float] = None) -> Comparison:
+    """Compare a .pte's outputs (the runtime's list) with eager's (a tensor or a nested
+    structure of them). ``rtol``/``atol`` default per dtype (:func:`default_tolerance`)."""
+    got, want = _flat(actual), _flat(expected)
+    if len(got) != len(want):
+        return Comparison(False, math.nan, math.nan,
+                          f"{len(got)} output(s) vs eager's {len(want)}")
+    result = Comparison(True)
+    for index, (a, e) in enumerate(zip(got, want)):
+        result = result.worst(_compare_one(index, a, e, rtol, atol))
+        if not result.ok:
+            return result
+    return result
