@@ -10,6 +10,7 @@ import torch
 
 from xnnfold.bench import report
 from xnnfold.bench.compare import Comparison, compare_outputs, default_tolerance
+from xnnfold.bench.sources import ModelSource
 
 EXPECTED = torch.tensor([40.0, -3.0, 0.5, 0.0])
 
@@ -115,11 +116,12 @@ def test_report_marks_a_wrong_pte(monkeypatch, tmp_path, outputs, says):
     lowering = SimpleNamespace(pte_path=str(pte), gemms_outside=0, delegate_calls=1,
                                delegation={"delegated": 1, "not_delegated": 0,
                                            "not_delegated_by_op": {}},
-                               lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None)
+                               lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
+                               gemms=[])
     monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
     monkeypatch.setattr(report, "PteRunner", lambda data: _FakeRunner(data, outputs))
     case = SimpleNamespace(inputs=(torch.zeros(1, 4),))
-    row, runner = report._lower_row("m", "xnnfold", case, torch.zeros(1, 4), str(tmp_path),
+    row, runner = report._lower_row(ModelSource("m"), "xnnfold", case, torch.zeros(1, 4), str(tmp_path),
                                     False)
     assert runner is not None and row.outputs_ok is False and says in row.mismatch
     rendered = report.table({"rows": [report._row_dict(row, [row])]})
