@@ -18,6 +18,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from torch.export import ExportedProgram
 
 from . import pipeline
+from .passthrough import untag_vanishing_copies
 from .steps.fold import copy_program
 from .rules import DEFAULT_RULES, RuleSet
 from .steps.runtime_weight import open_runtime_weight_path
@@ -102,6 +103,27 @@ def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
     result.program = program
 
 
+def _fix_passthrough(result) -> None:
+    """Untag the copies XNNPACK's preprocess would drop into a delegate it rejects (see
+    :mod:`xnnfold.passthrough`); on any failure, the partition stays stock's."""
+    graph = result.tagged_exported_program.graph
+    tags = {n: n.meta.get("delegation_tag") for n in graph.nodes}
+    partition_tags = dict(result.partition_tags)
+    try:
+        untag_vanishing_copies(graph, partition_tags)
+    except Exception as error:  # noqa: BLE001 - stock's partition is still a partition
+        for node, tag in tags.items():
+            if tag is None:
+                node.meta.pop("delegation_tag", None)
+            else:
+                node.meta["delegation_tag"] = tag
+        logger.warning("xnnfold: could not check the partitions for copies XNNPACK drops "
+                       "(%s: %s); partitioned as stock partitions", type(error).__name__, error)
+        return
+    result.partition_tags.clear()
+    result.partition_tags.update(partition_tags)
+
+
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
@@ -137,6 +159,7 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
 
     def partition(self, exported_program: ExportedProgram):
         result = super().partition(exported_program)
+        _fix_passthrough(result)
         self._folded_since_partition = 0
         pending, self._pending = self._pending, None
         if pending is not None:
