@@ -75,14 +75,20 @@ class FoldGemmParams:
 def fold_gemm_params(ep: ExportedProgram,
                      partitioner: Optional[StockXnnpackPartitioner] = None,
                      rules: RuleSet = DEFAULT_RULES,
-                     verify_probe: Optional[bool] = None) -> pipeline.FoldResult:
+                     verify_probe: Optional[bool] = None,
+                     prefer: Optional[str] = None) -> pipeline.FoldResult:
     """Fold the computed weights and biases of ``ep``'s GEMMs into constants.
 
     Returns a :class:`~xnnfold.pipeline.FoldResult`: ``.program`` is a new ExportedProgram
     (``ep`` is not modified) to lower with ``to_edge`` + ``to_backend`` or any other path, and
     ``.operands`` says, for every GEMM weight and bias, whether it was plain, folded or declined
-    and why. The arguments are :class:`FoldGemmParams`'s.
+    and why. The arguments are :class:`FoldGemmParams`'s; ``prefer`` is
+    :class:`XnnpackPartitioner`'s (default: ``partitioner``'s own, if it is xnnfold's).
     """
+    if prefer is None and isinstance(partitioner, XnnpackPartitioner):
+        rules = rules.preferring(partitioner.fold.rules.prefer)
+    elif prefer is not None:
+        rules = rules.preferring(prefer)
     return FoldGemmParams(partitioner, rules, verify_probe)(ep)
 
 
@@ -127,7 +133,11 @@ def _fix_passthrough(result) -> None:
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
-    Same constructor, plus ``rules`` and ``verify_probe`` (see :class:`FoldGemmParams`). Use it
+    Same constructor, plus ``rules`` and ``verify_probe`` (see :class:`FoldGemmParams`) and
+    ``prefer``: where speed and size trade (an ``nn.Linear`` head tied to its embedding, which
+    stock delegates with a second copy of the table), ``"speed"`` (the default) keeps stock's
+    choice and ``"size"`` stores the table once, as a run-time weight repacked on every call.
+    Use it
     with ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
     :class:`~xnnfold.pipeline.FoldResult` of the last program. Its linear configs also take the
     GEMMs the fold marks (a weight that cannot be a constant) with their weight as a run-time
@@ -135,7 +145,8 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     """
 
     def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,
-                 verify_probe: Optional[bool] = None, **kwargs):
+                 verify_probe: Optional[bool] = None, prefer: Optional[str] = None, **kwargs):
+        rules = rules.preferring(prefer) if prefer is not None else rules
         super().__init__(*args, **kwargs)
         open_runtime_weight_path(self)
         self.fold = FoldGemmParams(self, rules, verify_probe)

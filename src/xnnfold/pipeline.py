@@ -50,6 +50,9 @@ class GemmOperand:
     # of its group so that the packed param is freed, and the GEMM reads it on portable
     delegated: Optional[bool] = None
     runtime_weight: bool = False      # delegated with its weight as a run-time input
+    # a weight where speed and size trade (a tied head): the bytes the run-time weight
+    # (prefer="size") stores less than stock's constant copy, which prefer="speed" keeps
+    size_option_bytes: Optional[int] = None
 
 
 @dataclass
@@ -146,7 +149,7 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
         site.part_linears = {}
     result.projections = sites + kept
     result.canonical = rewrites
-    mark_runtime_weights(result)
+    mark_runtime_weights(result, rule_set.prefer)
     if result.program is base and not rewrites and \
             not any(row.runtime_weight for row in result.operands):
         result.program = ep    # nothing changed: the caller's own program

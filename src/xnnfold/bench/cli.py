@@ -121,7 +121,8 @@ def _cmd_lower(args) -> int:
     if output.parent and not output.parent.exists():
         raise UsageError(f"{args.output}: folder {output.parent} does not exist")
     try:
-        lowered = lower(program, STOCK if args.stock else XNNFOLD)
+        lowered = lower(program, STOCK if args.stock else XNNFOLD,
+                        None if args.stock else {"prefer": args.prefer})
     except Exception as error:  # noqa: BLE001 - a program stock cannot lower either
         raise UsageError(f"{args.program}: lowering failed ({type(error).__name__}: "
                          f"{str(error).splitlines()[0][:200]})")
@@ -145,6 +146,9 @@ def _cmd_report(args) -> int:
 
     names = [n for n in args.models.split(",") if n] if args.models else None
     variants = [v for v in args.variants.split(",") if v]
+    if args.prefer == "size" and "xnnfold-size" not in variants:   # next to the default
+        variants.insert(variants.index("xnnfold") + 1 if "xnnfold" in variants else 0,
+                        "xnnfold-size")
     unknown = [v for v in variants if v not in report.VARIANTS]
     if unknown or not variants:
         raise UsageError(f"unknown variant {(unknown or [''])[0]!r}; known: "
@@ -183,8 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="out/report", help="folder for report.md/.json/.png")
     rep.add_argument("--variants", default=",".join(
         ["stock", "xnnfold", "stock-flag", "ideal", "constant_prop_pass"]),
-        help="comma-separated: stock, xnnfold, stock-flag, ideal, constant_prop_pass")
+        help="comma-separated: stock, xnnfold, xnnfold-size, stock-flag, ideal, "
+        "constant_prop_pass")
     rep.add_argument("--seed", type=int, default=0, help="seed of the per-round order")
+    rep.add_argument("--prefer", choices=["speed", "size"], default="speed",
+                     help="size: also lower xnnfold with prefer='size' (variant xnnfold-size: "
+                     "a tied head's table stored once, repacked on every call)")
     rep.add_argument("--no-profile", action="store_true",
                      help="skip the ETDump per-operator time breakdown")
     rep.set_defaults(func=_cmd_report)
@@ -195,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     low.add_argument("-o", "--output", required=True, help="the .pte to write")
     low.add_argument("--stock", action="store_true", help="lower with the stock partitioner")
     low.add_argument("--explain", action="store_true", help="print the per-GEMM table")
+    low.add_argument("--prefer", choices=["speed", "size"], default="speed",
+                     help="where speed and size trade (a tied head): speed keeps stock's choice, "
+                     "size stores the table once and repacks it on every call")
     low.set_defaults(func=_cmd_lower)
 
     exp = commands.add_parser("explain", help="per-GEMM: plain, folded or declined and why")

@@ -31,9 +31,10 @@ from tqdm import tqdm
 
 from . import models
 from .isolated import IDEAL, lower_isolated
-from .measure import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, PteRunner, max_abs_diff
+from .measure import (CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE, PteRunner,
+                      max_abs_diff)
 
-VARIANTS = (STOCK, XNNFOLD, STOCK_FLAG, IDEAL, CONSTANT_PROP)
+VARIANTS = (STOCK, XNNFOLD, XNNFOLD_SIZE, STOCK_FLAG, IDEAL, CONSTANT_PROP)
 PROFILED = (STOCK, XNNFOLD)          # the variants whose time the ETDump breaks down
 SCHEMA_VERSION = 2
 
