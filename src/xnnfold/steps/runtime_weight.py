@@ -74,6 +74,9 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
     if gemm.target is not torch.ops.aten.linear.default or len(gemm.args) < 2:
         return None
     x, weight = gemm.args[0], gemm.args[1]
+    if _declined_quantized(gemm, rows):
+        return ("XNNPACK declines it as a quantized GEMM with constant operands; stock's "
+                "flag path takes it as fp32 with the dequantized weight at run time")
     if not (_fp32(weight) and _fp32(x)) or len(_static_shape(weight) or ()) != 2:
         return None
     declined = [r for r in rows if r.status == Status.DECLINED and r.rule in _RUNTIME_RULES]
@@ -87,6 +90,16 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
         # quarter of the .pte); stock's flag does not, but repacks every weight.
         return f"{tied[0].name} is also read by {tied[1].name}"
     return None
+
+
+def _declined_quantized(gemm: torch.fx.Node, rows: list) -> bool:
+    """A dequantized-weight GEMM the probe found XNNPACK declines with its folded constants (a
+    linear whose activation is itself a constant, e.g. a learned query under dynamic int8:
+    XNNPACK takes no quantized GEMM with a static activation). Decomposed, it is an fp32
+    ``addmm`` of the dequantized weight, which the run-time weight path takes."""
+    weight, out = gemm.args[1], gemm.meta.get("val")
+    return any(r.delegated is False for r in rows) and is_dequantize(weight) and \
+        isinstance(out, torch.Tensor) and out.dtype == torch.float32
 
 
 def _tied(weight: torch.fx.Node) -> Optional[tuple]:
@@ -186,10 +199,15 @@ def mark_runtime_weights(result, prefer: str = "speed") -> None:
         node = nodes[name]
         # a new dict: a copied program shares its nodes' meta values with the caller's
         node.meta["custom"] = {**node.meta.get("custom", {}), MARK: True}
-        if swap_if_smaller(graph, node):
+        quantized = any(is_dequantize(a) for a in node.args[:2])   # the flag's form, as is
+        if not quantized and swap_if_smaller(graph, node):
             why += "; operands swapped, so that the activation is packed and the weight read"
         for row in by_gemm[name]:
             row.runtime_weight = True
+            if row.delegated is False:   # the probe's answer was about a constant operand
+                row.reason = (f"XNNPACK does not take {name} with constant operands; its part "
+                              "is folded with the rest of its group, which frees the packed "
+                              "param")
             row.reason = f"{row.reason + '; ' if row.reason else ''}delegated with a runtime " \
                          f"weight: {why}"
     graph.lint()
