@@ -135,3 +135,45 @@ def test_dynamic_attention_pooling_without_the_quantized_runtime_path(monkeypatc
     monkeypatch.setattr(runtime_weight, "_declined_quantized", lambda *args: False)
     with pytest.raises(AssertionError, match=r"aten\.addmm"):
         dynamic_attention_pooling()
+
+
+class LearnedQueryDecoderLayer(torch.nn.Module):
+    """A decoder layer over learned queries with a key padding mask: its self-attention's
+    in-projection reads only the queries (a plain int8 weight, a static activation)."""
+
+    def __init__(self, e=32, queries=4):
+        super().__init__()
+        self.query = torch.nn.Parameter(torch.randn(1, queries, e))
+        self.layer = torch.nn.TransformerDecoderLayer(e, 4, 64, dropout=0.0, batch_first=True)
+
+    def forward(self, memory, mask):
+        return self.layer(self.query.expand(memory.shape[0], -1, -1), memory,
+                          memory_key_padding_mask=mask)
+
+
+def dynamic_learned_query_decoder():
+    from xnnfold.bench.measure import STOCK_FLAG, lower
+
+    torch.manual_seed(0)
+    mask = torch.zeros(1, 10, dtype=torch.bool)
+    mask[0, 7:] = True
+    inputs = (torch.randn(1, 10, 32), mask)
+    converted = quantize(LearnedQueryDecoderLayer().eval(), inputs, dynamic=True)
+    ep = torch.export.export(converted, inputs)
+    checked = check_lowering(converted, inputs, ep=ep, tol=0.1)
+    flag = lower(ep, STOCK_FLAG)
+    assert len(checked.folded.gemms_outside) <= len(flag.gemms_outside), (
+        checked.folded.gemms_outside, flag.gemms_outside)
+    return checked
+
+
+def test_dynamic_masked_decoder_over_learned_queries_leaves_no_more_gemms_than_the_flag():
+    checked = dynamic_learned_query_decoder()
+    assert checked.folded.gemms_outside == [] and len(checked.stock.gemms_outside) == 3
+
+
+def test_dynamic_masked_decoder_without_the_static_activation_rule(monkeypatch):
+    from xnnfold.steps import runtime_weight
+    monkeypatch.setattr(runtime_weight, "_reads_user_input", lambda *args: True)
+    with pytest.raises(AssertionError, match=r"aten\.addmm"):
+        dynamic_learned_query_decoder()

@@ -69,12 +69,14 @@ def open_runtime_weight_path(partitioner) -> None:
             config.__class__ = runtime_weight_config(type(config))
 
 
-def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
-    """Why ``gemm`` should take its weight at run time, or None."""
+def _needs_runtime_weight(gemm: torch.fx.Node, rows: list,
+                          user_inputs: frozenset = frozenset()) -> Optional[str]:
+    """Why ``gemm`` should take its weight at run time, or None. ``user_inputs``: the names of
+    the program's user-input placeholders."""
     if gemm.target is not torch.ops.aten.linear.default or len(gemm.args) < 2:
         return None
     x, weight = gemm.args[0], gemm.args[1]
-    if _declined_quantized(gemm, rows):
+    if _declined_quantized(gemm, rows, user_inputs):
         return ("XNNPACK declines it as a quantized GEMM with constant operands; stock's "
                 "flag path takes it as fp32 with the dequantized weight at run time")
     if not (_fp32(weight) and _fp32(x)) or len(_static_shape(weight) or ()) != 2:
@@ -92,14 +94,32 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
     return None
 
 
-def _declined_quantized(gemm: torch.fx.Node, rows: list) -> bool:
-    """A dequantized-weight GEMM the probe found XNNPACK declines with its folded constants (a
-    linear whose activation is itself a constant, e.g. a learned query under dynamic int8:
-    XNNPACK takes no quantized GEMM with a static activation). Decomposed, it is an fp32
-    ``addmm`` of the dequantized weight, which the run-time weight path takes."""
+def _declined_quantized(gemm: torch.fx.Node, rows: list, user_inputs: frozenset) -> bool:
+    """A dequantized-weight GEMM that XNNPACK declines as quantized: the probe found it
+    declines the GEMM with its folded constants, or its activation is itself a constant (a
+    learned query under dynamic int8: XNNPACK takes no quantized GEMM with a static
+    activation). Decomposed, it is an fp32 ``addmm`` of the dequantized weight, which the
+    run-time weight path takes. (Marking one XNNPACK does take as quantized changes nothing:
+    the path opens only for GEMMs the partitioner sees as fp32.)"""
     weight, out = gemm.args[1], gemm.meta.get("val")
-    return any(r.delegated is False for r in rows) and is_dequantize(weight) and \
-        isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    if not (is_dequantize(weight) and isinstance(out, torch.Tensor) and
+            out.dtype == torch.float32):
+        return False
+    return any(r.delegated is False for r in rows) or \
+        not _reads_user_input(gemm.args[0], user_inputs)
+
+
+def _reads_user_input(node: torch.fx.Node, user_inputs: frozenset) -> bool:
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op == "placeholder" and current.name in user_inputs:
+            return True
+        todo += current.all_input_nodes
+    return False
 
 
 def _tied(weight: torch.fx.Node) -> Optional[tuple]:
@@ -183,8 +203,10 @@ def mark_runtime_weights(result, prefer: str = "speed") -> None:
     nodes = {n.name: n for n in result.program.graph.nodes}
     rewritten = {r.gemm for r in getattr(result, "canonical", [])}
     marked = {}
+    user_inputs = frozenset(result.program.graph_signature.user_inputs)
     for name, rows in by_gemm.items():
-        if name not in nodes or (why := _needs_runtime_weight(nodes[name], rows)) is None:
+        if name not in nodes or \
+                (why := _needs_runtime_weight(nodes[name], rows, user_inputs)) is None:
             continue
         table = _stock_copies(nodes[name], rows, rewritten)
         if table is not None:
