@@ -192,3 +192,28 @@ def test_report_on_a_saved_program_without_matplotlib(saved, tmp_path, capsys, m
     assert "matplotlib is not installed" in (tmp_path / "report.md").read_text()
     assert cli.main(["report", str(tmp_path / "nope.pt2"), "--out", str(tmp_path)]) == 2
     assert "nope.pt2: no such file" in capsys.readouterr().err
+class _TiedLinearHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(200, 16)
+        self.head = torch.nn.Linear(16, 200, bias=False)
+        self.head.weight = self.embedding.weight
+
+    def forward(self, tokens):
+        return self.head(self.embedding(tokens))
+
+
+def test_lower_prefer_size_stores_a_tied_table_once(tmp_path, capsys):
+    torch.manual_seed(0)
+    tokens = torch.tensor([[1, 5, 9]])
+    path = tmp_path / "tied.pt2"
+    torch.export.save(torch.export.export(_TiedLinearHead().eval(), (tokens,)), str(path))
+    sizes = {}
+    for prefer in ("speed", "size"):
+        out = tmp_path / f"{prefer}.pte"
+        assert cli.main(["lower", str(path), "-o", str(out), "--prefer", prefer,
+                         "--explain"]) == 0
+        assert "prefer='size'" in capsys.readouterr().out   # both options priced
+        sizes[prefer] = len(out.read_bytes())
+    # the table's 12,800 bytes, less the run-time input's few entries (measured: 80 bytes)
+    assert sizes["speed"] - sizes["size"] >= 200 * 16 * 4 - 128, sizes

@@ -92,3 +92,88 @@ def test_cross_attention_dynamically_quantized():
     assert {(r.gemm, r.role, r.status) for r in rows if r.role == "bias"} == {
         ("linear", "bias", "folded"), ("linear_1", "bias", "folded"),
         ("linear_2", "bias", "plain")}
+
+
+class AttentionPooling(torch.nn.Module):
+    """Attention pooling with a learned query (a MAP head): the q projection's activation is a
+    param, which under dynamic int8 XNNPACK declines as a quantized GEMM."""
+
+    def __init__(self, e=32, heads=4, queries=1):
+        super().__init__()
+        self.query = torch.nn.Parameter(torch.randn(1, queries, e))
+        self.attn = torch.nn.MultiheadAttention(e, heads, batch_first=True)
+        torch.nn.init.normal_(self.attn.in_proj_bias)
+
+    def forward(self, x):
+        return self.attn(self.query.expand(x.shape[0], -1, -1), x, x, need_weights=False)[0]
+
+
+def dynamic_attention_pooling():
+    from xnnfold.bench.measure import STOCK_FLAG, lower
+
+    torch.manual_seed(0)
+    inputs = (torch.randn(2, 6, 32),)
+    converted = quantize(AttentionPooling().eval(), inputs, dynamic=True)
+    ep = torch.export.export(converted, inputs)
+    checked = check_lowering(converted, inputs, ep=ep, tol=0.1)
+    flag = lower(ep, STOCK_FLAG)
+    assert len(checked.folded.gemms_outside) <= len(flag.gemms_outside), (
+        checked.folded.gemms_outside, flag.gemms_outside)
+    assert checked.folded.pte_bytes <= flag.pte_bytes
+    return checked
+
+
+def test_dynamic_attention_pooling_with_a_learned_query_leaves_no_more_gemms_than_the_flag():
+    checked = dynamic_attention_pooling()
+    assert checked.folded.gemms_outside == [] and len(checked.stock.gemms_outside) == 1
+    (q_weight,) = [o for o in checked.fold.operands if o.gemm == "linear" and o.role == "weight"]
+    assert q_weight.runtime_weight
+
+
+def test_dynamic_attention_pooling_without_the_quantized_runtime_path(monkeypatch):
+    from xnnfold.steps import runtime_weight
+    monkeypatch.setattr(runtime_weight, "_declined_quantized", lambda *args: False)
+    with pytest.raises(AssertionError, match=r"aten\.addmm"):
+        dynamic_attention_pooling()
+
+
+class LearnedQueryDecoderLayer(torch.nn.Module):
+    """A decoder layer over learned queries with a key padding mask: its self-attention's
+    in-projection reads only the queries (a plain int8 weight, a static activation)."""
+
+    def __init__(self, e=32, queries=4):
+        super().__init__()
+        self.query = torch.nn.Parameter(torch.randn(1, queries, e))
+        self.layer = torch.nn.TransformerDecoderLayer(e, 4, 64, dropout=0.0, batch_first=True)
+
+    def forward(self, memory, mask):
+        return self.layer(self.query.expand(memory.shape[0], -1, -1), memory,
+                          memory_key_padding_mask=mask)
+
+
+def dynamic_learned_query_decoder():
+    from xnnfold.bench.measure import STOCK_FLAG, lower
+
+    torch.manual_seed(0)
+    mask = torch.zeros(1, 10, dtype=torch.bool)
+    mask[0, 7:] = True
+    inputs = (torch.randn(1, 10, 32), mask)
+    converted = quantize(LearnedQueryDecoderLayer().eval(), inputs, dynamic=True)
+    ep = torch.export.export(converted, inputs)
+    checked = check_lowering(converted, inputs, ep=ep, tol=0.1)
+    flag = lower(ep, STOCK_FLAG)
+    assert len(checked.folded.gemms_outside) <= len(flag.gemms_outside), (
+        checked.folded.gemms_outside, flag.gemms_outside)
+    return checked
+
+
+def test_dynamic_masked_decoder_over_learned_queries_leaves_no_more_gemms_than_the_flag():
+    checked = dynamic_learned_query_decoder()
+    assert checked.folded.gemms_outside == [] and len(checked.stock.gemms_outside) == 3
+
+
+def test_dynamic_masked_decoder_without_the_static_activation_rule(monkeypatch):
+    from xnnfold.steps import runtime_weight
+    monkeypatch.setattr(runtime_weight, "_reads_user_input", lambda *args: True)
+    with pytest.raises(AssertionError, match=r"aten\.addmm"):
+        dynamic_learned_query_decoder()

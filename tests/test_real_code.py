@@ -144,13 +144,29 @@ class TiedLinearHead(TiedHead):
         return self.head(torch.relu(self.mix(self.embedding(tokens))))
 
 
-def test_tied_linear_head_stores_its_table_once():
+def test_tied_linear_head_stores_its_table_once_with_prefer_size():
     torch.manual_seed(0)
-    checked = check_lowering(TiedLinearHead().eval(), (torch.tensor([[1, 7, 42, 299]]),))
+    checked = check_lowering(TiedLinearHead().eval(), (torch.tensor([[1, 7, 42, 299]]),),
+                             rules=DEFAULT_RULES.preferring("size"))
     table = 300 * E * 4
     assert checked.stock.constant_bytes - checked.folded.constant_bytes == table
     assert checked.folded.pte_bytes < checked.stock.pte_bytes - table
     assert_all_delegated(checked)
+    (head,) = [o for o in checked.fold.operands if o.role == "weight" and o.runtime_weight]
+    assert head.size_option_bytes == table
+
+
+def tied_linear_head_by_default():
+    """The default keeps stock's speed: stock's constant copy, the .pte byte for byte stock's;
+    the row still says what prefer='size' would save."""
+    torch.manual_seed(0)
+    checked = check_lowering(TiedLinearHead().eval(), (torch.tensor([[1, 7, 42, 299]]),))
+    (head,) = [o for o in checked.fold.operands if o.gemm == "linear_1" and o.role == "weight"]
+    expect_fold((checked.fold.modified, head.runtime_weight), (False, False), "tied linear head")
+    assert checked.folded.pte == checked.stock.pte, (checked.folded.pte_bytes,
+                                                      checked.stock.pte_bytes)
+    assert head.size_option_bytes == 300 * E * 4 and not head.runtime_weight
+    assert "prefer='size'" in head.reason
 
 
 def test_weight_computed_from_an_input_is_delegated_with_a_runtime_weight():
@@ -207,6 +223,7 @@ CASES = {
     "metadata assertion of a cast param": cast_then_scaled,
     "linear and transposed addmm": linear_and_transposed_addmm,
     "tied head": tied_head,
+    "tied linear head by default": tied_linear_head_by_default,
     "group taken in part": partly_taken_group,
 }
 
@@ -236,6 +253,9 @@ GUARDS = [
     ("tied head", (runtime_weight, "_needs_runtime_weight", lambda *args: None), StoredMore),
     # the old rule declines the whole group, the bf16 part too
     ("group taken in part", _with_the_old_delegated_rule, UnexpectedFold),
+    # without the trade rule the default takes the run-time weight: smaller, not stock's .pte
+    ("tied linear head by default", (runtime_weight, "_stock_copies", lambda *args: None),
+     UnexpectedFold),
 ]
 
 

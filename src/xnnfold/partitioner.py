@@ -18,6 +18,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from torch.export import ExportedProgram
 
 from . import pipeline
+from .passthrough import untag_vanishing_copies
 from .steps.fold import copy_program
 from .rules import DEFAULT_RULES, RuleSet
 from .steps.runtime_weight import open_runtime_weight_path
@@ -78,14 +79,20 @@ def fold_gemm_params(ep: ExportedProgram,
                      partitioner: Optional[StockXnnpackPartitioner] = None,
                      rules: RuleSet = DEFAULT_RULES,
                      verify_probe: Optional[bool] = None,
-                     attention: bool = True) -> pipeline.FoldResult:
+                     attention: bool = True,
+                     prefer: Optional[str] = None) -> pipeline.FoldResult:
     """Fold the computed weights and biases of ``ep``'s GEMMs into constants.
 
     Returns a :class:`~xnnfold.pipeline.FoldResult`: ``.program`` is a new ExportedProgram
     (``ep`` is not modified) to lower with ``to_edge`` + ``to_backend`` or any other path, and
     ``.operands`` says, for every GEMM weight and bias, whether it was plain, folded or declined
-    and why. The arguments are :class:`FoldGemmParams`'s.
+    and why. The arguments are :class:`FoldGemmParams`'s; ``prefer`` is
+    :class:`XnnpackPartitioner`'s (default: ``partitioner``'s own, if it is xnnfold's).
     """
+    if prefer is None and isinstance(partitioner, XnnpackPartitioner):
+        rules = rules.preferring(partitioner.fold.rules.prefer)
+    elif prefer is not None:
+        rules = rules.preferring(prefer)
     return FoldGemmParams(partitioner, rules, verify_probe, attention)(ep)
 
 
@@ -106,11 +113,36 @@ def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
     result.program = program
 
 
+def _fix_passthrough(result) -> None:
+    """Untag the copies XNNPACK's preprocess would drop into a delegate it rejects (see
+    :mod:`xnnfold.passthrough`); on any failure, the partition stays stock's."""
+    graph = result.tagged_exported_program.graph
+    tags = {n: n.meta.get("delegation_tag") for n in graph.nodes}
+    partition_tags = dict(result.partition_tags)
+    try:
+        untag_vanishing_copies(graph, partition_tags)
+    except Exception as error:  # noqa: BLE001 - stock's partition is still a partition
+        for node, tag in tags.items():
+            if tag is None:
+                node.meta.pop("delegation_tag", None)
+            else:
+                node.meta["delegation_tag"] = tag
+        logger.warning("xnnfold: could not check the partitions for copies XNNPACK drops "
+                       "(%s: %s); partitioned as stock partitions", type(error).__name__, error)
+        return
+    result.partition_tags.clear()
+    result.partition_tags.update(partition_tags)
+
+
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
     Same constructor, plus ``rules``, ``verify_probe`` and ``attention`` (see
-    :class:`FoldGemmParams`). Use it
+    :class:`FoldGemmParams`) and
+    ``prefer``: where speed and size trade (an ``nn.Linear`` head tied to its embedding, which
+    stock delegates with a second copy of the table), ``"speed"`` (the default) keeps stock's
+    choice and ``"size"`` stores the table once, as a run-time weight repacked on every call.
+    Use it
     with ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
     :class:`~xnnfold.pipeline.FoldResult` of the last program. Its linear configs also take the
     GEMMs the fold marks (a weight that cannot be a constant) with their weight as a run-time
@@ -118,7 +150,9 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     """
 
     def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,
-                 verify_probe: Optional[bool] = None, attention: bool = True, **kwargs):
+                 verify_probe: Optional[bool] = None, attention: bool = True,
+                 prefer: Optional[str] = None, **kwargs):
+        rules = rules.preferring(prefer) if prefer is not None else rules
         super().__init__(*args, **kwargs)
         open_runtime_weight_path(self)
         self.fold = FoldGemmParams(self, rules, verify_probe, attention)
@@ -142,6 +176,7 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
 
     def partition(self, exported_program: ExportedProgram):
         result = super().partition(exported_program)
+        _fix_passthrough(result)
         self._folded_since_partition = 0
         pending, self._pending = self._pending, None
         if pending is not None:

@@ -54,6 +54,9 @@ class GemmOperand:
     delegated: Optional[bool] = None
     runtime_weight: bool = False      # delegated with its weight as a run-time input
     module: Optional[str] = None      # the user's module it came from: "path (Class)"
+    # a weight where speed and size trade (a tied head): the bytes the run-time weight
+    # (prefer="size") stores less than stock's constant copy, which prefer="speed" keeps
+    size_option_bytes: Optional[int] = None
 
 
 @dataclass
@@ -155,7 +158,7 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     result.projections = sites + kept
     result.canonical = rewrites
     result.attention = attended
-    mark_runtime_weights(result)
+    mark_runtime_weights(result, rule_set.prefer)
     if result.program is base and not rewrites and not any(a.rewritten for a in attended) and \
             not any(row.runtime_weight for row in result.operands):
         result.program = ep    # nothing changed: the caller's own program

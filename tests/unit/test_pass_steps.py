@@ -185,9 +185,23 @@ class TiedHead(nn.Module):
         return self.head(self.embedding(tokens))
 
 
-def test_tied_head_is_marked_and_swapped_and_keeps_its_values():
+def test_tied_linear_head_is_left_as_stock_by_default_with_the_size_option_priced():
     ep = export(TiedHead(), torch.tensor([[1, 2, 3]]))
     result = pipeline.run(ep, probe=None)
+    assert result.program is ep
+    (row,) = [r for r in result.operands if r.role == "weight"]
+    assert not row.runtime_weight and row.size_option_bytes == 50 * E * 4
+    assert "repacked on every call" in row.reason
+
+
+def test_prefer_must_be_speed_or_size():
+    with pytest.raises(ValueError, match="prefer"):
+        DEFAULT_RULES.preferring("fast")
+
+
+def test_tied_head_is_marked_and_swapped_and_keeps_its_values():
+    ep = export(TiedHead(), torch.tensor([[1, 2, 3]]))
+    result = pipeline.run(ep, probe=None, rule_set=DEFAULT_RULES.preferring("size"))
     head = node(result.program, "linear")
     assert runtime_weight.is_marked(head) and not any(
         runtime_weight.is_marked(n) for n in ep.graph.nodes), "the caller's program was marked"

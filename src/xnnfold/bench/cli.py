@@ -90,7 +90,8 @@ def _cmd_lower(args) -> int:
     if output.parent and not output.parent.exists():
         raise UsageError(f"{args.output}: folder {output.parent} does not exist")
     try:
-        lowered = lower(program, STOCK if args.stock else XNNFOLD)
+        lowered = lower(program, STOCK if args.stock else XNNFOLD,
+                        None if args.stock else {"prefer": args.prefer})
     except Exception as error:  # noqa: BLE001 - a program stock cannot lower either
         raise UsageError(f"{args.program}: lowering failed ({type(error).__name__}: "
                          f"{str(error).splitlines()[0][:200]})")
@@ -124,9 +125,12 @@ def _cmd_report(args) -> int:
         # model gets the variants a user can choose between
         from .sources import is_user_spec
         user = any(is_user_spec(name) for name in names or [])
-        args.variants = ",".join(v for v in report.VARIANTS
-                                 if not (user and v == report.CONSTANT_PROP))
+        args.variants = ",".join(v for v in report.VARIANTS if v != report.XNNFOLD_SIZE
+                                 and not (user and v == report.CONSTANT_PROP))
     variants = [v for v in args.variants.split(",") if v]
+    if args.prefer == "size" and "xnnfold-size" not in variants:   # next to the default
+        variants.insert(variants.index("xnnfold") + 1 if "xnnfold" in variants else 0,
+                        "xnnfold-size")
     unknown = [v for v in variants if v not in report.VARIANTS]
     if unknown or not variants:
         raise UsageError(f"unknown variant {(unknown or [''])[0]!r}; known: "
@@ -199,11 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--reps", type=int, default=20, help="timed runs per variant")
     rep.add_argument("--out", default="out/report", help="folder for report.md/.json/.png")
     rep.add_argument("--variants",
-                     help="comma-separated: stock, xnnfold, stock-flag, ideal, eager-export (zoo "
-                     "transformers models exported with eager attention, lowered with stock), "
-                     "constant_prop_pass; ideal and eager-export where a model has one "
-                     "(default: all, without constant_prop_pass when a model is yours)")
+                     help="comma-separated: stock, xnnfold, xnnfold-size, stock-flag, ideal, "
+                     "eager-export (zoo transformers models exported with eager attention, "
+                     "lowered with stock), constant_prop_pass; ideal and eager-export where a "
+                     "model has one (default: all but xnnfold-size, which --prefer size adds, "
+                     "and without constant_prop_pass when a model is yours)")
     rep.add_argument("--seed", type=int, default=0, help="seed of the per-round order")
+    rep.add_argument("--prefer", choices=["speed", "size"], default="speed",
+                     help="size: also lower xnnfold with prefer='size' (variant xnnfold-size: "
+                     "a tied head's table stored once, repacked on every call)")
     rep.add_argument("--no-profile", action="store_true",
                      help="skip the ETDump per-operator time breakdown")
     rep.set_defaults(func=_cmd_report)
@@ -216,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     low.add_argument("--explain", action="store_true", help="print the per-GEMM table")
     low.add_argument("--quantize", choices=["dynamic", "static"],
                      help="PT2E-quantize a factory's model first (XNNPACK quantizer)")
+    low.add_argument("--prefer", choices=["speed", "size"], default="speed",
+                     help="where speed and size trade (a tied head): speed keeps stock's choice, "
+                     "size stores the table once and repacks it on every call")
     low.set_defaults(func=_cmd_lower)
 
     exp = commands.add_parser("explain", help="per-GEMM: plain, folded or declined and why")

@@ -27,6 +27,8 @@ from .compare import Comparison, compare_outputs, default_tolerance  # noqa: F40
 STOCK, XNNFOLD, CONSTANT_PROP = "stock", "xnnfold", "constant_prop_pass"
 # Stock's own way round computed weights: every fp32 linear takes its weight at run time.
 STOCK_FLAG = "stock-flag"
+# xnnfold with prefer="size": a tied head stores its table once, repacked on every call.
+XNNFOLD_SIZE = "xnnfold-size"
 _FLAG = {"force_non_static_weights_for_f32_linear": True}
 _QUANT_OP_HINTS = ("quantize_per", "dequantize_per", "quantize_affine", "dequantize_affine")
 
@@ -115,14 +117,17 @@ def inspect_lowered(edge_program: ExportedProgram) -> tuple:
 
 def lower(ep: ExportedProgram, variant: str = XNNFOLD, partitioner_kwargs: Optional[dict] = None
           ) -> Lowered:
-    """Lower ``ep`` to a .pte with the stock partitioner, xnnfold, constant_prop_pass+stock,
-    or stock with ``force_non_static_weights_for_f32_linear`` (``STOCK_FLAG``)."""
+    """Lower ``ep`` to a .pte with the stock partitioner, xnnfold (``XNNFOLD_SIZE``: with
+    ``prefer="size"``), constant_prop_pass+stock, or stock with
+    ``force_non_static_weights_for_f32_linear`` (``STOCK_FLAG``)."""
     from .devtools import delegation
 
     kwargs = partitioner_kwargs or {}
     start = time.perf_counter()
     if variant == XNNFOLD:
         partitioner = XnnpackPartitioner(**kwargs)
+    elif variant == XNNFOLD_SIZE:
+        partitioner = XnnpackPartitioner(**{**kwargs, "prefer": "size"})
     elif variant == STOCK_FLAG:
         partitioner = StockXnnpackPartitioner(**{**kwargs, **_FLAG})
     elif variant in (STOCK, CONSTANT_PROP):

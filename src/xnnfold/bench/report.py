@@ -32,9 +32,10 @@ from tqdm import tqdm
 
 from . import models
 from .isolated import EAGER_EXPORT, IDEAL, lower_isolated
-from .measure import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, PteRunner, compare_outputs
+from .measure import (CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE, PteRunner,
+                      compare_outputs)
 
-VARIANTS = (STOCK, XNNFOLD, STOCK_FLAG, IDEAL, EAGER_EXPORT, CONSTANT_PROP)
+VARIANTS = (STOCK, XNNFOLD, XNNFOLD_SIZE, STOCK_FLAG, IDEAL, EAGER_EXPORT, CONSTANT_PROP)
 PROFILED = (STOCK, XNNFOLD)          # the variants whose time the ETDump breaks down
 SCHEMA_VERSION = 3                   # 3: outputs_ok, mismatch, max_rel_diff
 

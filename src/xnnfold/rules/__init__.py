@@ -154,10 +154,24 @@ class RuleSet:
 
     before_probe: tuple = (exact, whole_group, size)
     after_probe: tuple = (delegated, whole_group)
+    # Where an option trades speed for size (a tied head: stock's constant copy, or a run-time
+    # weight that stores the table once but is repacked on every call): "speed" keeps stock's
+    # choice, "size" takes the smaller .pte. See xnnfold.steps.runtime_weight.
+    prefer: str = "speed"
+
+    def __post_init__(self):
+        if self.prefer not in PREFER:
+            raise ValueError(f"prefer must be one of {', '.join(PREFER)}, got {self.prefer!r}")
 
     def without(self, *names: Rule) -> "RuleSet":
         keep = lambda rules: tuple(r for r in rules if r.rule not in names)  # noqa: E731
-        return RuleSet(keep(self.before_probe), keep(self.after_probe))
+        return RuleSet(keep(self.before_probe), keep(self.after_probe), self.prefer)
+
+    def preferring(self, prefer: str) -> "RuleSet":
+        return RuleSet(self.before_probe, self.after_probe, prefer)
+
+
+PREFER = ("speed", "size")
 
 
 DEFAULT_RULES = RuleSet()

@@ -69,16 +69,62 @@ def open_runtime_weight_path(partitioner) -> None:
             config.__class__ = runtime_weight_config(type(config))
 
 
-def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
-    """Why ``gemm`` should take its weight at run time, or None."""
+def _needs_runtime_weight(gemm: torch.fx.Node, rows: list,
+                          user_inputs: frozenset = frozenset()) -> Optional[str]:
+    """Why ``gemm`` should take its weight at run time, or None. ``user_inputs``: the names of
+    the program's user-input placeholders."""
     if gemm.target is not torch.ops.aten.linear.default or len(gemm.args) < 2:
         return None
     x, weight = gemm.args[0], gemm.args[1]
+    if _declined_quantized(gemm, rows, user_inputs):
+        return ("XNNPACK declines it as a quantized GEMM with constant operands; stock's "
+                "flag path takes it as fp32 with the dequantized weight at run time")
     if not (_fp32(weight) and _fp32(x)) or len(_static_shape(weight) or ()) != 2:
         return None
     declined = [r for r in rows if r.status == Status.DECLINED and r.rule in _RUNTIME_RULES]
     if declined:
         return f"its {declined[0].role} is declined by rule '{declined[0].rule}'"
+    tied = _tied(weight)
+    if tied is not None:
+        # A param also read by a non-GEMM op (a tied embedding's lookup): as a delegate
+        # constant it is stored twice, once in the delegate and once for that op. Stock does
+        # that for a plain ``nn.Linear`` head tied to its embedding (GPT-2, T5, BART: a
+        # quarter of the .pte); stock's flag does not, but repacks every weight.
+        return f"{tied[0].name} is also read by {tied[1].name}"
+    return None
+
+
+def _declined_quantized(gemm: torch.fx.Node, rows: list, user_inputs: frozenset) -> bool:
+    """A dequantized-weight GEMM that XNNPACK declines as quantized: the probe found it
+    declines the GEMM with its folded constants, or its activation is itself a constant (a
+    learned query under dynamic int8: XNNPACK takes no quantized GEMM with a static
+    activation). Decomposed, it is an fp32 ``addmm`` of the dequantized weight, which the
+    run-time weight path takes. (Marking one XNNPACK does take as quantized changes nothing:
+    the path opens only for GEMMs the partitioner sees as fp32.)"""
+    weight, out = gemm.args[1], gemm.meta.get("val")
+    if not (is_dequantize(weight) and isinstance(out, torch.Tensor) and
+            out.dtype == torch.float32):
+        return False
+    return any(r.delegated is False for r in rows) or \
+        not _reads_user_input(gemm.args[0], user_inputs)
+
+
+def _reads_user_input(node: torch.fx.Node, user_inputs: frozenset) -> bool:
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op == "placeholder" and current.name in user_inputs:
+            return True
+        todo += current.all_input_nodes
+    return False
+
+
+def _tied(weight: torch.fx.Node) -> Optional[tuple]:
+    """(the param, a non-GEMM op that also reads it) when ``weight`` is a param, behind no-op
+    casts at most, that something other than a linear's weight reads; else None."""
     # The param behind no-op casts (``W.to(x.dtype)``), which decomposition removes: a reader
     # of any of them reads the param.
     chain = removed_by_decomposition(weight) or []
@@ -87,13 +133,7 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list) -> Optional[str]:
     others = [u for v in values for u in v.users if u not in chain and
               not is_metadata_assertion(u) and (u.target is not aten.linear.default or
                                                 len(u.args) < 2 or u.args[1] not in values)]
-    if param.op == "placeholder" and others:
-        # A param also read by a non-GEMM op (a tied embedding's lookup): as a delegate
-        # constant it is stored twice, once in the delegate and once for that op. Stock does
-        # that for a plain ``nn.Linear`` head tied to its embedding (GPT-2, T5, BART: a
-        # quarter of the .pte); stock's flag does not, but repacks every weight.
-        return f"{param.name} is also read by {others[0].name}"
-    return None
+    return (param, others[0]) if param.op == "placeholder" and others else None
 
 
 def _fp32(node) -> bool:
@@ -148,15 +188,32 @@ def swap_if_smaller(graph: torch.fx.Graph, gemm: torch.fx.Node) -> bool:
     return True
 
 
-def mark_runtime_weights(result) -> None:
+def mark_runtime_weights(result, prefer: str = "speed") -> None:
     """Mark, in place, the GEMMs of ``result.program`` (the pass's own copy) to delegate with a
-    run-time weight; their rows say so."""
+    run-time weight; their rows say so.
+
+    A tied head that stock delegates with a constant copy of its table (a linear that reads the
+    param itself, not one rewritten from a transposed form that stock leaves on portable) is a
+    trade: the run-time weight stores the table once but is repacked on every call. It is
+    marked only with ``prefer="size"``; either way its rows give the bytes at stake.
+    """
     by_gemm: dict = {}
     for row in result.operands:
         by_gemm.setdefault(row.gemm, []).append(row)
     nodes = {n.name: n for n in result.program.graph.nodes}
-    marked = {name: why for name, rows in by_gemm.items() if name in nodes
-              and (why := _needs_runtime_weight(nodes[name], rows)) is not None}
+    rewritten = {r.gemm for r in getattr(result, "canonical", [])}
+    marked = {}
+    user_inputs = frozenset(result.program.graph_signature.user_inputs)
+    for name, rows in by_gemm.items():
+        if name not in nodes or \
+                (why := _needs_runtime_weight(nodes[name], rows, user_inputs)) is None:
+            continue
+        table = _stock_copies(nodes[name], rows, rewritten)
+        if table is not None:
+            _note_trade(rows, table, marked=prefer == "size")
+            if prefer != "size":
+                continue
+        marked[name] = why
     if not marked:
         return
     graph = result.program.graph
@@ -164,11 +221,40 @@ def mark_runtime_weights(result) -> None:
         node = nodes[name]
         # a new dict: a copied program shares its nodes' meta values with the caller's
         node.meta["custom"] = {**node.meta.get("custom", {}), MARK: True}
-        if swap_if_smaller(graph, node):
+        quantized = any(is_dequantize(a) for a in node.args[:2])   # the flag's form, as is
+        if not quantized and swap_if_smaller(graph, node):
             why += "; operands swapped, so that the activation is packed and the weight read"
         for row in by_gemm[name]:
             row.runtime_weight = True
+            if row.delegated is False:   # the probe's answer was about a constant operand
+                row.reason = (f"XNNPACK does not take {name} with constant operands; its part "
+                              "is folded with the rest of its group, which frees the packed "
+                              "param")
             row.reason = f"{row.reason + '; ' if row.reason else ''}delegated with a runtime " \
                          f"weight: {why}"
     graph.lint()
     result.program.graph_module.recompile()
+
+
+def _stock_copies(gemm: torch.fx.Node, rows: list, rewritten: set) -> Optional[int]:
+    """The bytes of the table stock stores a second time for ``gemm``, a tied head it
+    delegates with a constant copy; None if stock does not (a transposed form it leaves on
+    portable, or a weight declined by a rule)."""
+    if gemm.name in rewritten or any(r.status == Status.DECLINED for r in rows):
+        return None
+    tied = _tied(gemm.args[1])
+    val = tied[0].meta.get("val") if tied is not None else None
+    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else None
+
+
+def _note_trade(rows: list, table_bytes: int, marked: bool) -> None:
+    for row in rows:
+        if row.role != "weight":
+            continue
+        row.size_option_bytes = table_bytes
+        option = ("prefer='size': run-time weight, stored once (-{:,} bytes against stock's "
+                  "constant copy), repacked on every call").format(table_bytes)
+        kept = ("prefer='speed' (default): as stock, a constant copy of the tied table "
+                "(+{:,} bytes, packed once)").format(table_bytes)
+        trade = f"{option}; chosen" if marked else f"{kept}; chosen. Option {option}"
+        row.reason = f"{row.reason + '; ' if row.reason else ''}{trade}"

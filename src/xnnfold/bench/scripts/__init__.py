@@ -10,4 +10,6 @@ SCRIPTS = {
     "decoder-stack-memory": "decoder_stack_memory",
     "tied-head": "tied_head",
     "attention-glue": "attention_glue",
+    "tied-models": "tied_models",
+    "lowering-isolated": "lowering_isolated",
 }

@@ -1,0 +1,124 @@
+"""Tied output heads in transformers models (tiny configs, random weights): the strategies.
+
+    xnnfold bench tied-models MODEL ROUNDS      # MODEL: whisper-decoder, gpt2, llama
+
+Variants, each lowered once in this process, then timed in interleaved rounds (shuffled order,
+medians): stock (the head delegated with a constant copy of the table), xnnfold's default
+(prefer="speed"), xnnfold with prefer="size" (a run-time weight, operands swapped where the
+activation is smaller), the same without the swap, and stock's flag.
+"""
+
+import random
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from unittest import mock
+
+import torch
+from torch import nn
+
+from xnnfold.bench.quiet import quiet
+
+
+class WhisperDecoderStep(nn.Module):
+    """Whisper's decoder and its ``proj_out`` (tied to the token embedding), one step over
+    ``tokens`` given the encoder's states."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, states):
+        hidden = self.model.model.decoder(input_ids=tokens, encoder_hidden_states=states,
+                                          use_cache=False, return_dict=True).last_hidden_state
+        return self.model.proj_out(hidden)
+
+
+class Logits(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens):
+        return self.model(input_ids=tokens, use_cache=False, return_dict=True).logits
+
+
+def build(name):
+    import transformers as tf
+    torch.manual_seed(0)
+    tokens = torch.randint(3, 1000, (1, 8))
+    if name == "whisper-decoder":   # whisper-tiny's dims: d_model 384, 4 layers, 51,865 tokens
+        config = tf.WhisperConfig(vocab_size=51865, d_model=384, decoder_layers=4,
+                                  encoder_layers=1, decoder_attention_heads=6,
+                                  encoder_attention_heads=6, decoder_ffn_dim=1536,
+                                  encoder_ffn_dim=1536, num_mel_bins=16,
+                                  max_source_positions=150, attn_implementation="sdpa")
+        model = WhisperDecoderStep(tf.WhisperForConditionalGeneration(config))
+        return model.eval(), (tokens, torch.randn(1, 150, 384))
+    if name == "gpt2":
+        config = tf.GPT2Config(vocab_size=50257, n_embd=256, n_layer=2, n_head=4,
+                               n_positions=64, attn_implementation="sdpa")
+        return Logits(tf.GPT2LMHeadModel(config)).eval(), (tokens,)
+    if name == "llama":
+        config = tf.LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=512,
+                                num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, tie_word_embeddings=True,
+                                max_position_embeddings=64, attn_implementation="sdpa")
+        return Logits(tf.LlamaForCausalLM(config)).eval(), (tokens,)
+    raise SystemExit(f"unknown model {name!r}")
+
+
+@contextmanager
+def no_swap():
+    from xnnfold.steps import runtime_weight
+    with mock.patch.object(runtime_weight, "swap_if_smaller", lambda graph, gemm: False):
+        yield
+
+
+def main(name="whisper-decoder", rounds=30):
+    from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE, PteRunner, \
+        compare_outputs, lower
+    torch.set_num_threads(1)
+    model, inputs = build(name)
+    with torch.no_grad():
+        expected = model(*inputs)
+    ep = torch.export.export(model, inputs)
+    variants = {"stock": (STOCK, None), "xnnfold": (XNNFOLD, None),
+                "xnnfold-size": (XNNFOLD_SIZE, None),
+                "xnnfold-size-unswapped": (XNNFOLD_SIZE, no_swap), "stock-flag": (STOCK_FLAG, None)}
+    runners, times, sizes = {}, {}, {}
+    for label, (variant, context) in variants.items():
+        if context is not None:
+            with context():
+                lowered = lower(ep, variant)
+        else:
+            lowered = lower(ep, variant)
+        runners[label], times[label], sizes[label] = PteRunner(lowered.pte), [], lowered.pte_bytes
+        print(f"{name} {label:24s} .pte {lowered.pte_bytes:,} bytes, GEMMs outside "
+              f"{len(lowered.gemms_outside)}, lowering {lowered.lower_seconds:.1f} s, "
+              f"{compare_outputs(runners[label].run(inputs), expected)}", flush=True)
+    for runner in runners.values():
+        for _ in range(3):
+            runner.run(inputs)
+    order = random.Random(0)
+    for _ in range(rounds):
+        labels = list(runners)
+        order.shuffle(labels)
+        for label in labels:
+            start = time.perf_counter()
+            runners[label].run(inputs)
+            times[label].append((time.perf_counter() - start) * 1e3)
+    medians = {label: statistics.median(t) for label, t in times.items()}
+    for label, median in medians.items():
+        print(f"{name} {label:24s} {median:8.3f} ms median of {rounds} "
+              f"({median / medians['stock']:.3f}x stock; .pte "
+              f"{sizes[label] / sizes['stock']:.3f}x stock)", flush=True)
+
+
+if __name__ == "__main__":
+    stderr_filter = quiet()
+    try:
+        main(sys.argv[1], *(int(a) for a in sys.argv[2:]))
+    finally:
+        stderr_filter.close()
