@@ -12,6 +12,7 @@ import logging
 import weakref
 from typing import Optional
 
+import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
     XnnpackPartitioner as StockXnnpackPartitioner,
 )
@@ -68,7 +69,10 @@ class FoldGemmParams:
         _check_program(ep)
         probe = make_probe(self.partitioner, self.verify_probe)
         probe.hand_over_last = hand_over_last
-        result = pipeline.run(ep, probe, self.rules, self.attention)
+        # The caller's random generator is theirs: whatever the pass's probes and exports draw
+        # (a first export's lazy set-up, a module built to be probed) is drawn from a fork.
+        with torch.random.fork_rng(devices=[]):
+            result = pipeline.run(ep, probe, self.rules, self.attention)
         if result.fallback is not None:
             probe.pending = None   # about a fold that was given up: nothing left to check
         _isolate(ep, result)

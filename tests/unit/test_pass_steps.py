@@ -352,3 +352,29 @@ def test_every_row_names_its_module_and_class():
     assert lines[0].split()[:2] == ["gemm", "module"], lines[0]
     assert all("block.attn (MultiheadAttention)" in line
                for line in lines[2:] if line.split()[0] in attention), lines
+
+
+def test_the_fold_leaves_the_callers_random_generator_as_it_was(monkeypatch):
+    """Whatever the pass draws (here: a step that draws on purpose) comes from a fork of the
+    global generator: the caller's next random numbers are those it would have had."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return F.linear(x, self.w * 2.0)
+
+    ep = torch.export.export(Scaled(), (torch.randn(2, 4),))
+    real_run = pipeline.run
+
+    def drawing_run(*args, **kwargs):
+        torch.rand(8)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "run", drawing_run)
+    before = torch.get_rng_state()
+    from xnnfold import fold_gemm_params
+    result = fold_gemm_params(ep, verify_probe=False)
+    assert result.fallback is None
+    assert torch.equal(torch.get_rng_state(), before)

@@ -44,6 +44,11 @@ def test_nothing_hidden_when_torchvision_loads(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("LOADED = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "torchvision", raising=False)
-    with zoo._without_broken_torchvision():
-        assert sys.modules["torchvision"].LOADED
-    monkeypatch.delitem(sys.modules, "torchvision")
+    try:
+        with zoo._without_broken_torchvision():
+            assert sys.modules["torchvision"].LOADED
+    finally:
+        # not monkeypatch.delitem: its teardown would put the fake module back for the tests
+        # that run after this one in the process (transformers then finds a torchvision
+        # without its submodules)
+        sys.modules.pop("torchvision", None)
