@@ -326,6 +326,18 @@ def assert_matches_ideal(checked: Checked) -> None:
     assert not LAYOUT_OPS & set(folded.ops_outside), folded.ops_outside
 
 
+class Sdpa(torch.nn.Module):
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kwargs)`` as a module."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, q, k, v, mask=None):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                **self.kwargs)
+
+
 class Params(torch.nn.Module):
     """A one-line test module: ``forward(*inputs)`` is ``body(params, *inputs)``, with a
     random param of each given shape (a tuple, or ``(shape, dtype)``)."""

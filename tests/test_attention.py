@@ -9,14 +9,13 @@ portable is computed on the mask, not on the scores.
 
 import pytest
 import torch
-import torch.nn.functional as F
 from executorch.exir import to_edge_transform_and_lower
 from torch import nn
 
 from xnnfold import XnnpackPartitioner
 from xnnfold.analysis.gemms import op_name
 
-from conftest import LAYOUT_OPS, check_lowering
+from conftest import LAYOUT_OPS, Sdpa, check_lowering
 from test_quantized import activation_bound, quantize
 
 E, HEADS, B, L, S = 16, 2, 2, 5, 7
@@ -79,15 +78,6 @@ def _float_mask():
     mask[2] = float("-inf")                # row 2 blocked entirely
     mask[:, 5:] = float("-inf")
     return mask
-
-
-class Sdpa(nn.Module):
-    def __init__(self, **kwargs):
-        super().__init__()
-        self.kwargs = kwargs
-
-    def forward(self, q, k, v, mask=None):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **self.kwargs)
 
 
 def _bool_mask():

@@ -3,7 +3,6 @@ a module, equals eager (fully masked rows included); what is left alone says why
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from xnnfold import pipeline
@@ -11,17 +10,10 @@ from xnnfold.explain import Explanation, format_explanation
 from xnnfold.steps import attention
 from xnnfold.steps.fold import copy_program
 
+from conftest import Sdpa
+
 B, H, L, S, D = 2, 2, 5, 7, 8
 BATCH, LENGTH, SOURCE = (torch.export.Dim(name, min=2, max=64) for name in ("b", "l", "s"))
-
-
-class Sdpa(nn.Module):
-    def __init__(self, **kwargs):
-        super().__init__()
-        self.kwargs = kwargs
-
-    def forward(self, q, k, v, mask=None):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **self.kwargs)
 
 
 def qkv(seed=0, heads=H):

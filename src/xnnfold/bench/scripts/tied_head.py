@@ -9,7 +9,6 @@ xnnfold with prefer="size" take it at run time (repacked on every call). Latency
 rounds in one process, shuffled order, medians.
 """
 
-import random
 import statistics
 import sys
 import time
@@ -46,24 +45,15 @@ def main(vocab=50257, embed=768, tokens=8, rounds=15):
     variants = {"stock": (STOCK, {}), "stock-flag": (STOCK, {
         "force_non_static_weights_for_f32_linear": True}), "xnnfold": (XNNFOLD, {}),
         "xnnfold-size": (XNNFOLD_SIZE, {})}
-    runners, times = {}, {}
+    runners = {}
     for name, (variant, kwargs) in variants.items():
         lowered = lower(ep, variant, kwargs)
-        runners[name], times[name] = PteRunner(lowered.pte), []
+        runners[name] = PteRunner(lowered.pte)
         print(f"{name:12s} .pte {lowered.pte_bytes:,} bytes, GEMMs outside "
               f"{len(lowered.gemms_outside)}, "
               f"{compare_outputs(runners[name].run(inputs), expected)}", flush=True)
-    for runner in runners.values():
-        for _ in range(3):
-            runner.run(inputs)
-    order = random.Random(0)
-    for _ in range(rounds):
-        names = list(runners)
-        order.shuffle(names)
-        for name in names:
-            start = time.perf_counter()
-            runners[name].run(inputs)
-            times[name].append((time.perf_counter() - start) * 1e3)
+    from xnnfold.bench.report import time_interleaved
+    times = time_interleaved(runners, inputs, rounds)    # warmed up, shuffled rounds
     medians = {name: statistics.median(t) for name, t in times.items()}
     for name, median in medians.items():
         print(f"{name:12s} {median:.3f} ms median of {rounds} ({median / medians['stock']:.3f} "

@@ -8,7 +8,6 @@ medians): stock (the head delegated with a constant copy of the table), xnnfold'
 activation is smaller), the same without the swap, and stock's flag.
 """
 
-import random
 import statistics
 import sys
 import time
@@ -87,28 +86,19 @@ def main(name="whisper-decoder", rounds=30):
     variants = {"stock": (STOCK, None), "xnnfold": (XNNFOLD, None),
                 "xnnfold-size": (XNNFOLD_SIZE, None),
                 "xnnfold-size-unswapped": (XNNFOLD_SIZE, no_swap), "stock-flag": (STOCK_FLAG, None)}
-    runners, times, sizes = {}, {}, {}
+    runners, sizes = {}, {}
     for label, (variant, context) in variants.items():
         if context is not None:
             with context():
                 lowered = lower(ep, variant)
         else:
             lowered = lower(ep, variant)
-        runners[label], times[label], sizes[label] = PteRunner(lowered.pte), [], lowered.pte_bytes
+        runners[label], sizes[label] = PteRunner(lowered.pte), lowered.pte_bytes
         print(f"{name} {label:24s} .pte {lowered.pte_bytes:,} bytes, GEMMs outside "
               f"{len(lowered.gemms_outside)}, lowering {lowered.lower_seconds:.1f} s, "
               f"{compare_outputs(runners[label].run(inputs), expected)}", flush=True)
-    for runner in runners.values():
-        for _ in range(3):
-            runner.run(inputs)
-    order = random.Random(0)
-    for _ in range(rounds):
-        labels = list(runners)
-        order.shuffle(labels)
-        for label in labels:
-            start = time.perf_counter()
-            runners[label].run(inputs)
-            times[label].append((time.perf_counter() - start) * 1e3)
+    from xnnfold.bench.report import time_interleaved
+    times = time_interleaved(runners, inputs, rounds)    # warmed up, shuffled rounds
     medians = {label: statistics.median(t) for label, t in times.items()}
     for label, median in medians.items():
         print(f"{name} {label:24s} {median:8.3f} ms median of {rounds} "
