@@ -3,6 +3,7 @@ a module, equals eager (fully masked rows included); what is left alone says why
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from xnnfold import pipeline
