@@ -11,7 +11,6 @@ rounds in one process, shuffled order, medians.
 
 import statistics
 import sys
-import time
 
 import torch
 from torch import nn

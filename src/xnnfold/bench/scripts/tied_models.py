@@ -10,7 +10,6 @@ activation is smaller), the same without the swap, and stock's flag.
 
 import statistics
 import sys
-import time
 from contextlib import contextmanager
 from unittest import mock
 
