@@ -94,10 +94,8 @@ def fold_gemm_params(ep: ExportedProgram,
     :class:`XnnpackPartitioner`'s (default: ``partitioner``'s own, if it is xnnfold's).
     """
     if prefer is None and isinstance(partitioner, XnnpackPartitioner):
-        rules = rules.preferring(partitioner.fold.rules.prefer)
-    elif prefer is not None:
-        rules = rules.preferring(prefer)
-    return FoldGemmParams(partitioner, rules, verify_probe, attention)(ep)
+        prefer = partitioner.fold.rules.prefer
+    return FoldGemmParams(partitioner, rules.preferring(prefer), verify_probe, attention)(ep)
 
 
 def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
@@ -156,10 +154,9 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,
                  verify_probe: Optional[bool] = None, attention: bool = True,
                  prefer: Optional[str] = None, **kwargs):
-        rules = rules.preferring(prefer) if prefer is not None else rules
         super().__init__(*args, **kwargs)
         open_runtime_weight_path(self)
-        self.fold = FoldGemmParams(self, rules, verify_probe, attention)
+        self.fold = FoldGemmParams(self, rules.preferring(prefer), verify_probe, attention)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
         self._pending = None       # verification handed over to partition() (PendingCheck)

@@ -167,7 +167,10 @@ class RuleSet:
         keep = lambda rules: tuple(r for r in rules if r.rule not in names)  # noqa: E731
         return RuleSet(keep(self.before_probe), keep(self.after_probe), self.prefer)
 
-    def preferring(self, prefer: str) -> "RuleSet":
+    def preferring(self, prefer: Optional[str]) -> "RuleSet":
+        """These rules with ``prefer`` (``None``: as they are)."""
+        if prefer is None:
+            return self
         return RuleSet(self.before_probe, self.after_probe, prefer)
 
 
