@@ -2,18 +2,14 @@
 equal to eager within stock's tolerance, fully masked rows included (eager gives zeros).
 
 Each case goes through the shared helper (stock and xnnfold lowered, both .pte run and compared
-with eager). The glue check reads the xnnfold program's lowering: no op outside a delegate may
+with eager). The glue check reads the helper's xnnfold lowering: no op outside a delegate may
 produce a tensor as large as the attention's scores ``[B, H, L, S]``; what the masks leave on
 portable is computed on the mask, not on the scores.
 """
 
 import pytest
 import torch
-from executorch.exir import to_edge_transform_and_lower
 from torch import nn
-
-from xnnfold import XnnpackPartitioner
-from xnnfold.analysis.gemms import op_name
 
 from conftest import LAYOUT_OPS, Sdpa, check_lowering
 from test_quantized import activation_bound, quantize
@@ -25,28 +21,17 @@ GLUE = frozenset({"aten.eq.Scalar", "aten.where.self", "aten.any.dim", "aten.log
                   "aten.full_like.default", "aten.expand_copy.default", "aten.mul.Scalar"})
 
 
-def outside_sizes(ep) -> dict:
-    """{op name: largest output numel} of the ops xnnfold's lowering of ``ep`` leaves outside
-    delegates (the lowering consumes the program it lowers: ``ep`` is lowered afresh)."""
-    edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner(verify_probe=False)])
-    sizes = {}
-    for node in edge.exported_program().graph.nodes:
-        name = op_name(node.target) if node.op == "call_function" else ""
-        val = node.meta.get("val")
-        if name and "delegate" not in name and name != "getitem" and \
-                isinstance(val, torch.Tensor):
-            sizes[name] = max(sizes.get(name, 0), val.numel())
-    return sizes
-
-
-def assert_no_glue(checked, ep, proven):
+def assert_no_glue(checked, proven):
     """The attentions were rewritten as ``proven`` says and nothing the size of the scores is
     left outside delegates; MHA's in-projection layout chain (``LAYOUT_OPS``: self-attention's
     packed projection, which nothing splits) is stock's and not attention glue."""
     assert [a.proven for a in checked.fold.attention] == proven, checked.fold.attention
-    big = {op: n for op, n in outside_sizes(ep).items() if n >= SCORES and op not in LAYOUT_OPS}
+    big = {op: n for op, n in checked.folded.largest_outside.items()
+           if n >= SCORES and op not in LAYOUT_OPS}
     assert big == {}, big
-    assert GLUE & set(checked.stock.ops_outside), checked.stock.ops_outside   # stock has glue
+    # The same measure finds the glue in stock's lowering, at the scores' size.
+    stock_big = {op for op, n in checked.stock.largest_outside.items() if n >= SCORES}
+    assert GLUE & stock_big, checked.stock.largest_outside
     assert checked.folded.delegate_calls < checked.stock.delegate_calls
 
 
@@ -110,9 +95,8 @@ def test_attention_glue_leaves_portable(case):
     torch.manual_seed(0)
     make, make_inputs, proven = CASES[case]
     model, inputs = make().eval(), make_inputs()
-    ep = torch.export.export(model, inputs)
-    checked = check_lowering(model, inputs, ep=ep)
-    assert_no_glue(checked, ep, proven)
+    checked = check_lowering(model, inputs)
+    assert_no_glue(checked, proven)
     with torch.no_grad():
         expected = model(*inputs)
     if case == "mha-cross-key-padding":
@@ -156,9 +140,8 @@ def test_transformer_layers(layer):
     else:
         model = nn.TransformerDecoderLayer(E, HEADS, dim_feedforward=32, batch_first=True)
         inputs, proven = (torch.randn(B, L, E), torch.randn(B, S, E)), ["no mask", "no mask"]
-    ep = torch.export.export(model.eval(), inputs)
-    checked = check_lowering(model, inputs, ep=ep)
-    assert_no_glue(checked, ep, proven)
+    checked = check_lowering(model.eval(), inputs)
+    assert_no_glue(checked, proven)
 
 
 def test_dynamic_length():
@@ -186,9 +169,8 @@ def test_quantized_attention(dynamic):
     converted = quantize(model, inputs, dynamic=dynamic)
     tol = 4 * activation_bound(inputs, [model.mha.in_proj_weight, model.mha.out_proj.weight]) \
         if dynamic else 1e-5
-    ep = torch.export.export(converted, inputs)
-    checked = check_lowering(converted, inputs, ep=ep, tol=tol)
-    assert_no_glue(checked, torch.export.export(converted, inputs), ["no mask"])
+    checked = check_lowering(converted, inputs, tol=tol)
+    assert_no_glue(checked, ["no mask"])
 
 
 def test_without_the_step_the_glue_comes_back():

@@ -56,6 +56,7 @@ class Lowered:
     fold: object = None                # FoldResult, for the xnnfold variant
     delegation: dict = None            # devtools.delegation(): ops in and out, by op type
     gemm_sources_outside: list = None  # (node, "module (Class)") of each GEMM outside delegates
+    largest_outside: dict = None       # {op name outside delegates: its largest output numel}
 
     @property
     def pte_bytes(self) -> int:
@@ -144,10 +145,11 @@ def lower(ep: ExportedProgram, variant: str = XNNFOLD, partitioner_kwargs: Optio
     paused = time.perf_counter()      # reading the delegation and GEMMs is not part of lowering
     delegated = delegation(edge.exported_program().graph_module)
     outside = _gemm_sources_outside(edge.exported_program())
+    largest = _largest_outside(edge.exported_program())
     start += time.perf_counter() - paused
     pte = edge.to_executorch().buffer
     return Lowered(variant, pte, ops, calls, constants, kept, time.perf_counter() - start,
-                   getattr(partitioner, "last_result", None), delegated, outside)
+                   getattr(partitioner, "last_result", None), delegated, outside, largest)
 
 
 def _gemm_sources_outside(edge_program: ExportedProgram) -> list:
@@ -155,6 +157,19 @@ def _gemm_sources_outside(edge_program: ExportedProgram) -> list:
     (decomposition carries ``nn_module_stack`` to the edge ops)."""
     return [(node.name, source_module(node)) for node in edge_program.graph.nodes
             if node.op == "call_function" and op_name(node.target) in EDGE_GEMM_NAMES]
+
+
+def _largest_outside(edge_program: ExportedProgram) -> dict:
+    """{op name: largest output numel} of the ops outside delegates: what a step that takes
+    glue off portable still leaves there, by size."""
+    sizes = {}
+    for node in edge_program.graph.nodes:
+        name = op_name(node.target) if node.op == "call_function" else ""
+        val = node.meta.get("val")
+        if name and "executorch_call_delegate" not in name and name != "getitem" and \
+                isinstance(val, torch.Tensor):
+            sizes[name] = max(sizes.get(name, 0), val.numel())
+    return sizes
 
 
 def _has_quantized_ops(ep: ExportedProgram) -> bool:
