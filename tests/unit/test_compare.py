@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from xnnfold.bench import report
+from xnnfold.bench import report, tables
 from xnnfold.bench.compare import Comparison, compare_outputs, default_tolerance
 from xnnfold.bench.sources import ModelSource
 
@@ -124,15 +124,15 @@ def test_report_marks_a_wrong_pte(monkeypatch, tmp_path, outputs, says):
     row, runner = report._lower_row(ModelSource("m"), "xnnfold", case, torch.zeros(1, 4), str(tmp_path),
                                     False)
     assert runner is not None and row.outputs_ok is False and says in row.mismatch
-    rendered = report.table({"rows": [report._row_dict(row, [row])]})
-    assert f"WRONG: output 0: " in rendered and says in rendered
+    rendered = tables.table({"rows": [report._row_dict(row, [row])]})
+    assert "WRONG: output 0: " in rendered and says in rendered
     assert "e+00" not in rendered and "e-" not in rendered      # no small number instead
 
 
 def test_report_shows_the_diff_of_a_right_pte():
     row = {"outputs_ok": True, "max_abs_diff": 2.4e-7, "mismatch": None}
-    assert report.outputs_cell(row) == "2.4e-07"
-    assert report.outputs_cell({**row, "outputs_ok": False, "mismatch": "x"}) == "WRONG: x"
+    assert tables.outputs_cell(row) == "2.4e-07"
+    assert tables.outputs_cell({**row, "outputs_ok": False, "mismatch": "x"}) == "WRONG: x"
 
 
 def test_no_max_abs_diff_helper_left():

@@ -116,7 +116,8 @@ def _cmd_report(args) -> int:
     if not charts:
         print(f"xnnfold report: charts need {_CHARTS} ({_BENCH_EXTRA}); writing report.md "
               "and report.json only", file=sys.stderr, flush=True)
-    from . import report
+    from . import report, tables
+    from .measure import CONSTANT_PROP, XNNFOLD_SIZE
 
     names = [*args.model, *([n for n in args.models.split(",") if n] if args.models else [])]
     names = names or None
@@ -125,16 +126,16 @@ def _cmd_report(args) -> int:
         # model gets the variants a user can choose between
         from .sources import is_user_spec
         user = any(is_user_spec(name) for name in names or [])
-        args.variants = ",".join(v for v in report.VARIANTS if v != report.XNNFOLD_SIZE
-                                 and not (user and v == report.CONSTANT_PROP))
+        args.variants = ",".join(v for v in tables.VARIANTS if v != XNNFOLD_SIZE
+                                 and not (user and v == CONSTANT_PROP))
     variants = [v for v in args.variants.split(",") if v]
     if args.prefer == "size" and "xnnfold-size" not in variants:   # next to the default
         variants.insert(variants.index("xnnfold") + 1 if "xnnfold" in variants else 0,
                         "xnnfold-size")
-    unknown = [v for v in variants if v not in report.VARIANTS]
+    unknown = [v for v in variants if v not in tables.VARIANTS]
     if unknown or not variants:
         raise UsageError(f"unknown variant {(unknown or [''])[0]!r}; known: "
-                         f"{', '.join(report.VARIANTS)}")
+                         f"{', '.join(tables.VARIANTS)}")
     try:
         result = report.run_report(
             args.size, names, args.reps, Path(args.out), variants=variants, seed=args.seed,
@@ -143,15 +144,15 @@ def _cmd_report(args) -> int:
             on_skip=lambda name, why: print(f"skipped {name}: {why}", flush=True))
     except KeyError as error:
         raise UsageError(error.args[0])
-    print(report.rounds_line(result))
-    print(report.table(result))
+    print(tables.rounds_line(result))
+    print(tables.table(result))
     for name in dict.fromkeys(r["model"] for r in result["rows"]):
         if name not in report._known():      # the user's model: its GEMMs in its own terms
-            print(f"\n{name}: GEMMs by module\n{report.gemm_table(result, name)}")
-    beside_ideal = report.ideal_table(result)
+            print(f"\n{name}: GEMMs by module\n{tables.gemm_table(result, name)}")
+    beside_ideal = tables.ideal_table(result)
     if beside_ideal:
         print(f"\n{beside_ideal}")
-    print(f"\n{report.lowering_table(result)}")
+    print(f"\n{tables.lowering_table(result)}")
     written = [f for f in ("report.md", "report.json", "latency.png", "operators.png")
                if (Path(args.out) / f).exists()]
     print(f"\nwritten: {args.out}/{', '.join(written)}")
