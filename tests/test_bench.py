@@ -14,6 +14,7 @@ import torch
 
 from xnnfold.bench import cli, devtools, models, report
 from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD, lower
+from xnnfold.bench.side_by_side import time_interleaved
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TESTS = str(Path(__file__).resolve().parent)
@@ -59,14 +60,14 @@ def test_time_interleaved_shuffles_every_round():
             calls.append(self.name)
 
     runners = {name: Fake(name) for name in "abcd"}
-    times = report.time_interleaved(runners, (), rounds=12, seed=3, warmup=0)
+    times = time_interleaved(runners, (), rounds=12, seed=3, warmup=0)
     assert {name: len(ms) for name, ms in times.items()} == dict.fromkeys("abcd", 12)
     rounds = [tuple(calls[i:i + 4]) for i in range(0, 48, 4)]
     assert all(sorted(r) == list("abcd") for r in rounds)
     assert len(set(rounds)) > 3, rounds                    # not one fixed (cyclic) order
     assert len({r[0] for r in rounds}) > 1                 # not always the same variant first
     calls.clear()
-    report.time_interleaved(runners, (), rounds=12, seed=3, warmup=0)
+    time_interleaved(runners, (), rounds=12, seed=3, warmup=0)
     assert [tuple(calls[i:i + 4]) for i in range(0, 48, 4)] == rounds   # seeded
 
 

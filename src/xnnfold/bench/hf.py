@@ -88,7 +88,7 @@ def export_folder(folder: str, output: str, compare: bool = False, tokens: int =
                   attention: str = "sdpa", reps: int = 10) -> list:
     """Write the .pte of every part; return the table's rows (stock beside xnnfold when
     ``compare``)."""
-    from . import report
+    from .side_by_side import time_interleaved
     from .compare import compare_outputs
     from .measure import STOCK, XNNFOLD, PteRunner, lower
 
@@ -105,7 +105,7 @@ def export_folder(folder: str, output: str, compare: bool = False, tokens: int =
         destination = _pte_path(output_path, part)
         destination.write_bytes(lowered[XNNFOLD].pte)
         runners = {v: PteRunner(low.pte) for v, low in lowered.items()}
-        times = report.time_interleaved(runners, part.inputs, reps) if compare else {}
+        times = time_interleaved(runners, part.inputs, reps) if compare else {}
         for variant, low in lowered.items():
             median = sorted(times[variant])[len(times[variant]) // 2] if times else None
             rows.append({"part": part.name or "model", "variant": variant,

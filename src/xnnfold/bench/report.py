@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import platform
-import random
 import statistics
 import tempfile
 import time
@@ -33,6 +32,7 @@ from . import models
 from .isolated import EAGER_EXPORT, IDEAL, lower_isolated
 from .charts import plot, plot_operator_times
 from .measure import STOCK, PteRunner, compare_outputs
+from .side_by_side import time_interleaved
 from .tables import PROFILED, VARIANTS, markdown
 
 SCHEMA_VERSION = 3                   # 3: outputs_ok, mismatch, max_rel_diff
@@ -90,24 +90,6 @@ def _lower_row(source, variant: str, case, expected, folder: str, verbose: bool)
     except Exception as error:  # noqa: BLE001 - a variant that fails is a finding
         row.error, runner = _error_line(error), None
     return row, runner
-
-
-def time_interleaved(runners: dict, inputs: tuple, rounds: int, seed: int = 0,
-                     warmup: int = 3) -> dict:
-    """``{variant: [ms, ...]}``: ``rounds`` rounds, each variant once per round, in an order
-    shuffled every round by a ``random.Random(seed)``."""
-    for runner in runners.values():
-        for _ in range(warmup):
-            runner.run(inputs)
-    order, rng = list(runners), random.Random(seed)
-    times: dict = {variant: [] for variant in runners}
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for variant in order:
-            start = time.perf_counter()
-            runners[variant].run(inputs)
-            times[variant].append((time.perf_counter() - start) * 1e3)
-    return times
 
 
 def measure_model(source, reps: int, variants=VARIANTS, seed: int = 0, profile: bool = True,

@@ -25,7 +25,7 @@ from xnnfold.bench import models  # noqa: E402
 from xnnfold.bench.devtools import DELEGATE, operator_times  # noqa: E402
 from xnnfold.bench.compare import compare_outputs  # noqa: E402
 from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower  # noqa: E402
-from xnnfold.bench.report import time_interleaved  # noqa: E402
+from xnnfold.bench.side_by_side import time_interleaved  # noqa: E402
 
 VOCAB, D_MODEL = 51865, 384
 

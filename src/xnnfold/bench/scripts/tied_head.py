@@ -9,7 +9,6 @@ xnnfold with prefer="size" take it at run time (repacked on every call). Latency
 rounds in one process, shuffled order, medians.
 """
 
-import statistics
 import sys
 
 import torch
@@ -32,8 +31,8 @@ class TiedHead(nn.Module):
 
 def main(vocab=50257, embed=768, tokens=8, rounds=15):
     # imported after quiet(): executorch prints on import
-    from xnnfold.bench.measure import STOCK, XNNFOLD, XNNFOLD_SIZE, PteRunner, compare_outputs, \
-        lower
+    from xnnfold.bench.measure import STOCK, XNNFOLD, XNNFOLD_SIZE, lower
+    from xnnfold.bench.side_by_side import lower_and_time
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = TiedHead(vocab, embed).eval()
@@ -41,23 +40,13 @@ def main(vocab=50257, embed=768, tokens=8, rounds=15):
     with torch.no_grad():
         expected = model(*inputs)
     ep = torch.export.export(model, inputs)
-    variants = {"stock": (STOCK, {}), "stock-flag": (STOCK, {
-        "force_non_static_weights_for_f32_linear": True}), "xnnfold": (XNNFOLD, {}),
-        "xnnfold-size": (XNNFOLD_SIZE, {})}
-    runners = {}
-    for name, (variant, kwargs) in variants.items():
-        lowered = lower(ep, variant, kwargs)
-        runners[name] = PteRunner(lowered.pte)
-        print(f"{name:12s} .pte {lowered.pte_bytes:,} bytes, GEMMs outside "
-              f"{len(lowered.gemms_outside)}, "
-              f"{compare_outputs(runners[name].run(inputs), expected)}", flush=True)
-    from xnnfold.bench.report import time_interleaved
-    times = time_interleaved(runners, inputs, rounds)    # warmed up, shuffled rounds
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    for name, median in medians.items():
-        print(f"{name:12s} {median:.3f} ms median of {rounds} ({median / medians['stock']:.3f} "
-              f"stock, {median / medians['stock-flag']:.3f} stock-flag)")
-
+    kwargs = {"stock": {}, "stock-flag": {"force_non_static_weights_for_f32_linear": True}}
+    variants = {"stock": STOCK, "stock-flag": STOCK, "xnnfold": XNNFOLD,
+                "xnnfold-size": XNNFOLD_SIZE}
+    lower_and_time({label: (lambda label=label, variant=variant:
+                            lower(ep, variant, kwargs.get(label, {})))
+                    for label, variant in variants.items()},
+                   inputs, expected, rounds, against=("stock", "stock-flag"))
 
 if __name__ == "__main__":
     stderr_filter = quiet()

@@ -8,9 +8,8 @@ medians): stock (the head delegated with a constant copy of the table), xnnfold'
 activation is smaller), the same without the swap, and stock's flag.
 """
 
-import statistics
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from unittest import mock
 
 import torch
@@ -75,8 +74,8 @@ def no_swap():
 
 
 def main(name="whisper-decoder", rounds=30):
-    from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE, PteRunner, \
-        compare_outputs, lower
+    from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE, lower
+    from xnnfold.bench.side_by_side import lower_and_time
     torch.set_num_threads(1)
     model, inputs = build(name)
     with torch.no_grad():
@@ -85,24 +84,14 @@ def main(name="whisper-decoder", rounds=30):
     variants = {"stock": (STOCK, None), "xnnfold": (XNNFOLD, None),
                 "xnnfold-size": (XNNFOLD_SIZE, None),
                 "xnnfold-size-unswapped": (XNNFOLD_SIZE, no_swap), "stock-flag": (STOCK_FLAG, None)}
-    runners, sizes = {}, {}
-    for label, (variant, context) in variants.items():
-        if context is not None:
-            with context():
-                lowered = lower(ep, variant)
-        else:
-            lowered = lower(ep, variant)
-        runners[label], sizes[label] = PteRunner(lowered.pte), lowered.pte_bytes
-        print(f"{name} {label:24s} .pte {lowered.pte_bytes:,} bytes, GEMMs outside "
-              f"{len(lowered.gemms_outside)}, lowering {lowered.lower_seconds:.1f} s, "
-              f"{compare_outputs(runners[label].run(inputs), expected)}", flush=True)
-    from xnnfold.bench.report import time_interleaved
-    times = time_interleaved(runners, inputs, rounds)    # warmed up, shuffled rounds
-    medians = {label: statistics.median(t) for label, t in times.items()}
-    for label, median in medians.items():
-        print(f"{name} {label:24s} {median:8.3f} ms median of {rounds} "
-              f"({median / medians['stock']:.3f}x stock; .pte "
-              f"{sizes[label] / sizes['stock']:.3f}x stock)", flush=True)
+
+    def lowering(variant, context):
+        with context() if context is not None else nullcontext():
+            return lower(ep, variant)
+
+    lower_and_time({label: (lambda v=variant, c=context: lowering(v, c))
+                    for label, (variant, context) in variants.items()},
+                   inputs, expected, rounds, prefix=f"{name} ")
 
 
 if __name__ == "__main__":
