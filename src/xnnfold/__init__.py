@@ -9,7 +9,7 @@ import types
 _PUBLIC = {"XnnpackPartitioner": "partitioner", "fold_gemm_params": "partitioner",
            "FoldGemmParams": "partitioner", "RuleSet": "rules", "Rule": "rules",
            "explain": "explain", "format_explanation": "explain",
-           "FoldResult": "pipeline", "GemmOperand": "pipeline"}
+           "FoldResult": "result", "GemmOperand": "result"}
 
 __all__ = list(_PUBLIC)
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ from torch.export import ExportedProgram
 from .partitioner import XnnpackPartitioner, fold_gemm_params
 
 class Explanation(list):
-    """The :class:`~xnnfold.pipeline.GemmOperand` rows, plus ``projections`` (each a
+    """The :class:`~xnnfold.result.GemmOperand` rows, plus ``projections`` (each a
     :class:`~xnnfold.steps.projections.PackedProjection`, split or kept), ``canonical`` (each a
     :class:`~xnnfold.steps.canonical.CanonicalRewrite`), ``attention`` (each an
     :class:`~xnnfold.steps.attention.AttentionRewrite`, rewritten or kept) and ``fallback``."""
@@ -27,7 +27,7 @@ class Explanation(list):
 
     @classmethod
     def of(cls, result) -> "Explanation":
-        """The explanation of a :class:`~xnnfold.pipeline.FoldResult`."""
+        """The explanation of a :class:`~xnnfold.result.FoldResult`."""
         return cls(result.operands, result.projections, result.fallback, result.canonical,
                    result.attention)
 

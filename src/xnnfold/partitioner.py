@@ -38,7 +38,7 @@ def _check_program(ep) -> None:
 
 class FoldGemmParams:
     """The fold as a pass: ``FoldGemmParams(partitioner)(ep)`` returns a
-    :class:`~xnnfold.pipeline.FoldResult` — ``.program`` (a new ExportedProgram, or ``ep``
+    :class:`~xnnfold.result.FoldResult` — ``.program`` (a new ExportedProgram, or ``ep``
     itself when ``.modified`` is False), and the record of what was folded and why.
 
     ``partitioner`` is the XNNPACK partitioner whose verdict the *delegated* rule asks (default:
@@ -87,7 +87,7 @@ def fold_gemm_params(ep: ExportedProgram,
                      prefer: Optional[str] = None) -> pipeline.FoldResult:
     """Fold the computed weights and biases of ``ep``'s GEMMs into constants.
 
-    Returns a :class:`~xnnfold.pipeline.FoldResult`: ``.program`` is a new ExportedProgram
+    Returns a :class:`~xnnfold.result.FoldResult`: ``.program`` is a new ExportedProgram
     (``ep`` is not modified) to lower with ``to_edge`` + ``to_backend`` or any other path, and
     ``.operands`` says, for every GEMM weight and bias, whether it was plain, folded or declined
     and why. The arguments are :class:`FoldGemmParams`'s; ``prefer`` is
@@ -146,7 +146,7 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     choice and ``"size"`` stores the table once, as a run-time weight repacked on every call.
     Use it
     with ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
-    :class:`~xnnfold.pipeline.FoldResult` of the last program. Its linear configs also take the
+    :class:`~xnnfold.result.FoldResult` of the last program. Its linear configs also take the
     GEMMs the fold marks (a weight that cannot be a constant) with their weight as a run-time
     input; see :mod:`xnnfold.steps.runtime_weight`.
     """

@@ -9,7 +9,6 @@ strict mode, ``XNNFOLD_STRICT=1``, a test setting, it raises ``StrictFallback`` 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -19,7 +18,6 @@ from torch.export.graph_signature import InputKind
 from . import rules
 from .steps.fold import plan
 from .analysis import ProgramFacts, find_operands, find_static
-from .analysis.gemms import source_module
 from .steps.attention import rewrite_attention
 from .steps.canonical import canonicalize
 from .steps.runtime_weight import mark_runtime_weights
@@ -27,96 +25,15 @@ from .errors import FoldError, StrictFallback, strict_requested
 from .steps.fold.evaluate import ConeEvaluator
 from .steps.fold import apply_folds, copy_program, copy_with_nodes
 from .steps.projections import find_packed_projections, split_packed_projections
-from .rules import DEFAULT_RULES, Decline, Rule, RuleSet, Status
+# FoldResult and GemmOperand are part of this module's interface (pipeline.FoldResult)
+from .result import FoldResult, GemmOperand, describe, row_of  # noqa: F401
+from .rules import DEFAULT_RULES, Decline, Rule, RuleSet
 
 logger = logging.getLogger("xnnfold")
 
 # A probe answers: which of these folded constants (fold.FoldedConstant) of this program end up
 # in a delegate? (state_dict / constants keys; see xnnfold.probe.verified)
 Probe = Callable[[ExportedProgram, list], set]
-
-
-
-@dataclass
-class GemmOperand:
-    """One weight or bias of one GEMM, and what xnnfold did with it."""
-
-    gemm: str
-    kind: str
-    role: str
-    status: Status
-    rule: Optional[Rule] = None       # for declined: the rule
-    node: Optional[str] = None        # for declined: the node that broke it
-    reason: Optional[str] = None
-    constant: Optional[str] = None    # for folded: the constant's name
-    # for folded: False when XNNPACK does not take the GEMM; its part was folded with the rest
-    # of its group so that the packed param is freed, and the GEMM reads it on portable
-    delegated: Optional[bool] = None
-    runtime_weight: bool = False      # delegated with its weight as a run-time input
-    module: Optional[str] = None      # the user's module it came from: "path (Class)"
-    # a weight where speed and size trade (a tied head): the bytes the run-time weight
-    # (prefer="size") stores less than stock's constant copy, which prefer="speed" keeps
-    size_option_bytes: Optional[int] = None
-
-
-@dataclass
-class FoldResult:
-    """What ``fold_gemm_params`` returns: the program to lower and the record of the fold."""
-
-    program: ExportedProgram
-    operands: list = field(default_factory=list)      # GemmOperand, in graph order
-    constants: list = field(default_factory=list)     # FoldedConstant
-    freed_params: list = field(default_factory=list)
-    projections: list = field(default_factory=list)  # PackedProjection, split or kept
-    canonical: list = field(default_factory=list)    # CanonicalRewrite
-    attention: list = field(default_factory=list)    # AttentionRewrite, rewritten or kept
-    probe_rounds: int = 0
-    fallback: Optional[str] = None    # set when an internal failure sent us back to stock
-    modified: bool = False            # False when ``program`` is the input, untouched
-
-    @property
-    def folded(self) -> list:
-        return [o for o in self.operands if o.status == Status.FOLDED]
-
-    @property
-    def declined(self) -> list:
-        return [o for o in self.operands if o.status == Status.DECLINED]
-
-    @property
-    def split_projections(self) -> list:
-        """The packed projections that were split (the others say why they were kept)."""
-        return [p for p in self.projections if p.kept_because is None]
-
-
-def _row(op, decline: Optional[Decline] = None, member=None,
-         constant: Optional[str] = None) -> GemmOperand:
-    """The one place an analysis :class:`~xnnfold.analysis.Operand` becomes a row."""
-    row = GemmOperand(op.gemm.name, op.kind, op.role, Status.PLAIN, reason=op.reason,
-                      module=source_module(op.gemm))
-    if decline is not None:
-        row.status, row.rule = Status.DECLINED, decline.rule
-        row.node, row.reason = decline.node, decline.reason
-    elif member is not None:
-        row.status, row.constant, row.delegated = Status.FOLDED, constant, member.delegated
-        if member.delegated is False:
-            row.reason = (f"XNNPACK does not take {op.gemm.name}; its part is folded with the "
-                          "rest of its group, which frees the packed param, and read on "
-                          "portable")
-    return row
-
-
-def _describe(operands: list, groups: list, constants: dict) -> list:
-    members = {t.key: m for g in groups for m in g.members for t in m.targets}
-    rows = []
-    for op in operands:
-        if op.status == "dynamic":
-            rows.append(_row(op, rules.static(op.culprit, op.reason)))
-        elif op.status == "target":
-            member = members[op.target.key]
-            rows.append(_row(op, member.decline, member, constants.get(member.name)))
-        else:
-            rows.append(_row(op))
-    return rows
 
 
 def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet,
@@ -197,7 +114,7 @@ def _fold_and_probe(facts: ProgramFacts, probe: Optional[Probe], rule_set: RuleS
 
     constants = {c.source: c.name for c in folded.constants} if folded else {}
     result = FoldResult(folded.program if folded else program,
-                        _describe(operands, groups, constants), probe_rounds=rounds)
+                        describe(operands, groups, constants), probe_rounds=rounds)
     if folded:
         result.constants, result.freed_params = folded.constants, folded.freed_params
     return result
@@ -254,6 +171,6 @@ def _unfolded_rows(ep: ExportedProgram, where: str, why: str) -> list:
         operands = find_operands(ep)
     except Exception:  # noqa: BLE001 - the warning already names the failure
         return []
-    return [_row(o) if o.status == "plain" else _row(o, Decline(Rule.INTERNAL, where, why))
+    return [row_of(o) if o.status == "plain" else row_of(o, Decline(Rule.INTERNAL, where, why))
             for o in operands]
 
