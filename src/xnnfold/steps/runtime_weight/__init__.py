@@ -15,58 +15,22 @@ program. The configs are wrapped per partitioner instance; executorch itself is 
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
 import torch
 import torch.fx
-from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 
-from ..analysis import is_dequantize, is_metadata_assertion
-from ..analysis.identity import removed_by_decomposition
-from ..rules import Rule, Status
+from ...analysis import is_dequantize, is_metadata_assertion
+from ...analysis.identity import removed_by_decomposition
+from ...rules import Rule, Status
+from .config import MARK, is_marked, open_runtime_weight_path  # noqa: F401 - the step's API
 
 aten = torch.ops.aten
 
-MARK = "xnnfold_runtime_weight"
-_WRAPPED_TARGETS = ("linear.default", "addmm.default", "mm.default")
 # Declines after which the weight is still computed on every call: as a delegate input it
 # costs a repack instead of a portable GEMM. ("delegated": XNNPACK declines the GEMM itself.)
 _RUNTIME_RULES = (Rule.STATIC, Rule.SIZE, Rule.WHOLE_GROUP, Rule.EXACT)
-
-
-def is_marked(node: torch.fx.Node) -> bool:
-    return bool(node.meta.get("custom", {}).get(MARK))
-
-
-@functools.cache
-def runtime_weight_config(base: type) -> type:
-    """``base`` (a GEMM config class) taking a marked fp32 GEMM's weight and bias at run time,
-    as ``force_non_static_weights_for_f32_linear`` does for all of them."""
-
-    class RuntimeWeight(base):
-        def _get_weight_deps(self, node, ep, precision):
-            if precision == ConfigPrecisionType.FP32 and is_marked(node):
-                return True, []
-            return super()._get_weight_deps(node, ep, precision)
-
-        def _get_bias_deps(self, node, ep, precision):
-            if precision == ConfigPrecisionType.FP32 and is_marked(node):
-                return True, []
-            return super()._get_bias_deps(node, ep, precision)
-
-    RuntimeWeight.__name__ = RuntimeWeight.__qualname__ = f"RuntimeWeight{base.__name__}"
-    return RuntimeWeight
-
-
-def open_runtime_weight_path(partitioner) -> None:
-    """Wrap ``partitioner``'s own linear/addmm/mm configs (this instance only)."""
-    configs = getattr(partitioner, "target_partitioner_configs", {})
-    for target in _WRAPPED_TARGETS:
-        config = configs.get(target)
-        if config is not None:
-            config.__class__ = runtime_weight_config(type(config))
 
 
 def _needs_runtime_weight(gemm: torch.fx.Node, rows: list,
