@@ -378,3 +378,18 @@ def test_the_fold_leaves_the_callers_random_generator_as_it_was(monkeypatch):
     result = fold_gemm_params(ep, verify_probe=False)
     assert result.fallback is None
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_probe_dims_take_only_numbers_as_bounds():
+    # torch's int_oo (Dim.DYNAMIC's upper bound) says is_finite: the probe's Dim must not get it.
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+    from xnnfold.probe.program import _Dims
+
+    symbol = sympy.Symbol("s0", integer=True, positive=True)
+    dims = _Dims({symbol: ValueRanges(2, int_oo)})
+    dim = dims._dim(symbol, "x")
+    assert (dim.min, dim.max) == (2, torch.export.Dim("d").max)   # unbounded above
+    bounded = _Dims({symbol: ValueRanges(3, 40)})._dim(symbol, "x")
+    assert (bounded.min, bounded.max) == (3, 40)

@@ -14,11 +14,11 @@ from typing import Optional
 import sympy
 import torch
 import torch.fx
-
-
-# The meta key (inside "custom", which export carries over) naming a probe GEMM's context.
+from torch.utils._sympy.numbers import IntInfinity, NegativeIntInfinity
 
 from .cut import PROBE_GEMM, ProbeUnsupported
+
+_INFINITIES = (IntInfinity, NegativeIntInfinity)
 
 
 # --------------------------------------------------------------------------------------------
@@ -56,6 +56,13 @@ def _hint(size, node_name: str) -> int:
     return int(hint)
 
 
+def _bounded(bound) -> bool:
+    """A range bound that is a number: not sympy's infinities, nor torch's ``int_oo`` (the upper
+    bound of ``Dim.DYNAMIC`` / ``Dim.AUTO``), which calls itself finite (``is_finite`` is True)."""
+    return bool(bound.is_number) and not isinstance(bound, _INFINITIES) and \
+        bound not in (sympy.oo, -sympy.oo)
+
+
 class _Dims:
     """One torch.export.Dim per symbol of the program, with the program's range for it."""
 
@@ -69,8 +76,8 @@ class _Dims:
             if bounds is None:
                 raise ProbeUnsupported(node_name, f"no range for symbol {symbol}")
             low, high = bounds.lower, bounds.upper
-            kwargs = {"min": int(low)} if low.is_finite else {}
-            if high.is_finite:
+            kwargs = {"min": int(low)} if _bounded(low) else {}
+            if _bounded(high):
                 kwargs["max"] = int(high)
             self._dims[symbol] = torch.export.Dim(f"probe_{symbol}", **kwargs)
         return self._dims[symbol]
