@@ -62,6 +62,12 @@ def test_causal_lm_and_vit(tf, tmp_path, capsys):
     assert set(rows) == {("model", "xnnfold")} and rows["model", "xnnfold"][2] == "0", rows
     (logits,) = run_pte((tmp_path / "lm.pte").read_bytes(), (torch.randint(0, 100, (1, 8)),))
     assert logits.shape == (1, 8, 100)
+    # GPT-2's lm_head is an nn.Linear tied to the token table: --prefer size stores it once
+    assert cli.main(["hf", str(gpt2), "-o", str(tmp_path / "lm-size.pte"), "--prefer",
+                     "size"]) == 0
+    capsys.readouterr()
+    default, size = ((tmp_path / f).stat().st_size for f in ("lm.pte", "lm-size.pte"))
+    assert size < default - 100 * 32 * 4 * 0.9, (size, default)
     assert cli.main(["hf", str(vit), "-o", str(tmp_path / "vit.pte")]) == 0
     assert set(_rows(capsys.readouterr().out)) == {("model", "xnnfold")}
     assert (tmp_path / "vit.pte").stat().st_size > 0

@@ -179,7 +179,7 @@ def _cmd_hf(args) -> int:
     from . import hf
 
     rows = hf.export_folder(args.folder, args.output, compare=args.compare, tokens=args.tokens,
-                            attention=args.attention, reps=args.reps)
+                            attention=args.attention, reps=args.reps, prefer=args.prefer)
     print(hf.table(rows))
     return 0
 
@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     hug.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
                      help="transformers' attn_implementation for the export")
     hug.add_argument("--reps", type=int, default=10, help="timed rounds with --compare")
+    hug.add_argument("--prefer", choices=["speed", "size"], default="speed",
+                     help="where speed and size trade (a tied nn.Linear head): speed keeps "
+                     "stock's choice, size stores the table once (a run-time weight)")
     hug.set_defaults(func=_cmd_hf)
 
     from .scripts import SCRIPTS

@@ -85,9 +85,9 @@ def _pte_path(output: Path, part: Part) -> Path:
 
 
 def export_folder(folder: str, output: str, compare: bool = False, tokens: int = 8,
-                  attention: str = "sdpa", reps: int = 10) -> list:
+                  attention: str = "sdpa", reps: int = 10, prefer: str = "speed") -> list:
     """Write the .pte of every part; return the table's rows (stock beside xnnfold when
-    ``compare``)."""
+    ``compare``). ``prefer``: xnnfold's (``XnnpackPartitioner(prefer=...)``)."""
     from .side_by_side import time_interleaved
     from .compare import compare_outputs
     from .measure import STOCK, XNNFOLD, PteRunner, lower
@@ -101,7 +101,9 @@ def export_folder(folder: str, output: str, compare: bool = False, tokens: int =
             expected = part.module(*part.inputs)
         program = torch.export.export(part.module, part.inputs)
         variants = [STOCK, XNNFOLD] if compare else [XNNFOLD]
-        lowered = {variant: lower(program, variant) for variant in variants}
+        lowered = {variant: lower(program, variant,
+                                  {"prefer": prefer} if variant == XNNFOLD else None)
+                   for variant in variants}
         destination = _pte_path(output_path, part)
         destination.write_bytes(lowered[XNNFOLD].pte)
         runners = {v: PteRunner(low.pte) for v, low in lowered.items()}
