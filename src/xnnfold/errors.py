@@ -40,3 +40,11 @@ def strict_requested() -> bool:
 
 class StrictFallback(RuntimeError):
     """Raised, in strict mode only, where xnnfold would have warned and fallen back to stock."""
+
+
+def warn_or_raise(logger, message: str, *args) -> None:
+    """Where xnnfold gives a step up and does what stock does: a warning for users, a
+    :class:`StrictFallback` in strict mode (the tests), so that no such path hides a bug."""
+    if strict_requested():
+        raise StrictFallback(message % args)
+    logger.warning(message, *args)

@@ -19,6 +19,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from torch.export import ExportedProgram
 
 from . import pipeline
+from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
 from .steps.fold import copy_program
 from .rules import DEFAULT_RULES, RuleSet
@@ -108,9 +109,9 @@ def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
         program = result.program if result.program is not ep else copy_program(ep)
         give_own_shape_env(program)
     except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
-        logger.warning("xnnfold: could not give the program its own ShapeEnv (%s: %s); "
-                       "lowering it leaves unbound symbols in the caller's program, as a "
-                       "stock lowering does", type(error).__name__, error)
+        warn_or_raise(logger, "xnnfold: could not give the program its own ShapeEnv (%s: %s); "
+                      "lowering it leaves unbound symbols in the caller's program, as a "
+                      "stock lowering does", type(error).__name__, error)
         return
     result.program = program
 
@@ -129,8 +130,9 @@ def _fix_passthrough(result) -> None:
                 node.meta.pop("delegation_tag", None)
             else:
                 node.meta["delegation_tag"] = tag
-        logger.warning("xnnfold: could not check the partitions for copies XNNPACK drops "
-                       "(%s: %s); partitioned as stock partitions", type(error).__name__, error)
+        warn_or_raise(logger, "xnnfold: could not check the partitions for copies XNNPACK "
+                      "drops (%s: %s); partitioned as stock partitions", type(error).__name__,
+                      error)
         return
     result.partition_tags.clear()
     result.partition_tags.update(partition_tags)
