@@ -88,6 +88,10 @@ def pytest_command(mode: str, root: Path, files, out: Path, extra, seed, tag: st
         "--import-mode=importlib", "-o", "consider_namespace_packages=true",
         "-o", "junit_family=xunit1",  # gives each testcase its file
         "-p", "no:cacheprovider", "-p", "no:hydra_pytest",
+        # pytest-randomly (the test extra) would shuffle the order with a new seed per process
+        # and reseed random/numpy after the plugin's per-test seed: the two modes would run the
+        # tests in different orders on different draws.
+        "-p", "no:randomly",
         "-p", "xnnfold_swap", *(["--xnnfold"] if mode == "xnnfold" else []),
         "--xnnfold-report", str(out / f"{stem}.plugin.json"),
         *(["--xnnfold-seed", str(seed)] if seed is not None else []),
