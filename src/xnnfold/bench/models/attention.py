@@ -1,38 +1,13 @@
-"""Built-in models: the cases that motivate xnnfold, and their *ideal* rewrites.
-
-The ideal rewrite computes the same math with plain ``nn.Linear`` / ``nn.Conv1d`` layers whose
-weights are the values xnnfold folds: what a user would get by rewriting the model by hand. It
-is the bar for delegate calls, bytes and latency. Every model is built from a seed, with
-``in_proj_bias`` drawn at random (it is zero by default, which hides bias bugs).
-"""
+"""nn.MultiheadAttention cases (self, cross, different key and value, kdim/vdim) and the
+decoder layer, each with its ideal rewrite: plain q/k/v linears holding the folded values."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass
-class Case:
-    """A model, its example inputs, and optionally its ideal rewrite and dynamic shapes."""
-
-    name: str
-    model: nn.Module
-    inputs: tuple
-    ideal: Optional[nn.Module] = None
-    dynamic_shapes: Optional[object] = None
-    program: Any = None      # a saved ExportedProgram (a .pt2): lowered as it is, not re-exported
-    # the same model exported another way users can choose (transformers' eager attention),
-    # built on demand: the report's variant "eager-export", lowered with stock
-    eager_export: Optional[Callable[[], nn.Module]] = None
-
-
-# --------------------------------------------------------------------------------------------
-# Attention
+from .case import Case
 
 
 def _mha(embed: int, heads: int, **kwargs) -> nn.MultiheadAttention:
@@ -177,131 +152,3 @@ def decoder_case(embed=16, heads=2, ff=32, tgt=5, src=7, norm_first=False, seed=
     ideal = IdealDecoderLayer(model.layer).eval()
     name = "decoder layer" + (" (norm_first)" if norm_first else "")
     return Case(name, model, (torch.randn(1, tgt, embed), torch.randn(1, src, embed)), ideal)
-
-
-# --------------------------------------------------------------------------------------------
-# Other computed params
-
-
-class WeightNormConv(nn.Module):
-    def __init__(self, channels=8, kernel=3):
-        super().__init__()
-        conv = nn.Conv1d(channels, channels, kernel, padding=kernel // 2)
-        self.conv = torch.nn.utils.parametrizations.weight_norm(conv)
-
-    def forward(self, x):
-        return self.conv(x)
-
-
-def _plain_conv(module: WeightNormConv) -> nn.Conv1d:
-    source = module.conv
-    conv = nn.Conv1d(source.in_channels, source.out_channels, source.kernel_size,
-                     padding=source.padding)
-    with torch.no_grad():
-        conv.weight.copy_(source.weight)
-        conv.bias.copy_(source.bias)
-    return conv
-
-
-class LoraLinear(nn.Module):
-    """``F.linear(x, W + (B @ A) * scale, b)``: a LoRA adapter merged at every call."""
-
-    def __init__(self, features=16, rank=4, scale=0.5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(features, features))
-        self.bias = nn.Parameter(torch.randn(features))
-        self.lora_a = nn.Parameter(torch.randn(rank, features))
-        self.lora_b = nn.Parameter(torch.randn(features, rank))
-        self.scale = scale
-
-    def forward(self, x):
-        return F.linear(x, self.weight + (self.lora_b @ self.lora_a) * self.scale, self.bias)
-
-
-def _plain_linear(weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
-    linear = nn.Linear(weight.shape[1], weight.shape[0])
-    with torch.no_grad():
-        linear.weight.copy_(weight)
-        linear.bias.copy_(bias)
-    return linear
-
-
-def weight_norm_case(channels=8, length=20, seed=0) -> Case:
-    torch.manual_seed(seed)
-    model = WeightNormConv(channels).eval()
-    return Case("weight_norm conv1d", model, (torch.randn(1, channels, length),),
-                _plain_conv(model).eval())
-
-
-def lora_case(features=16, rows=5, seed=0) -> Case:
-    torch.manual_seed(seed)
-    model = LoraLinear(features).eval()
-    with torch.no_grad():
-        merged = model.weight + (model.lora_b @ model.lora_a) * model.scale
-    return Case("LoRA linear", model, (torch.randn(rows, features),),
-                _plain_linear(merged, model.bias).eval())
-
-
-class TiedHeadDecoder(nn.Module):
-    """A speech-style text decoder whose output head is the token table, transposed:
-    ``logits = x @ embedding.weight.t()``, the table also read by the token lookup."""
-
-    def __init__(self, vocab=51865, embed=384, heads=6, layers=4):
-        super().__init__()
-        self.embedding = nn.Embedding(vocab, embed)
-        layer = nn.TransformerDecoderLayer(embed, heads, dim_feedforward=4 * embed,
-                                           dropout=0.0, batch_first=True)
-        self.decoder = nn.TransformerDecoder(layer, layers)
-        for name, param in self.decoder.named_parameters():
-            if name.endswith("in_proj_bias"):
-                nn.init.normal_(param)
-
-    def forward(self, tokens, memory):
-        x = self.decoder(self.embedding(tokens), memory)
-        return x @ self.embedding.weight.t()
-
-
-def tied_head_case(vocab=51865, embed=384, heads=6, layers=4, tokens=8, memory=375,
-                   seed=0) -> Case:
-    torch.manual_seed(seed)
-    model = TiedHeadDecoder(vocab, embed, heads, layers).eval()
-    return Case("tied-head decoder", model,
-                (torch.randint(0, vocab, (1, tokens)), torch.randn(1, memory, embed)))
-
-
-# --------------------------------------------------------------------------------------------
-# The report's sets. Each entry builds its Case lazily: models are cheap, lowering is not.
-
-SMALL: dict = {
-    "cross-attention": lambda: attention_case("cross"),
-    "different-kv": lambda: attention_case("kv"),
-    "kdim-vdim": lambda: attention_case("kv", kdim=12, vdim=10),
-    "decoder-layer": lambda: decoder_case(),
-    "self-attention": lambda: attention_case("self"),
-    "weight-norm-conv1d": lambda: weight_norm_case(),
-    "lora-linear": lambda: lora_case(),
-}
-
-LARGE: dict = {
-    "cross-attention-512": lambda: attention_case("cross", embed=512, heads=8, tgt=64, src=128),
-    "decoder-layer-512": lambda: decoder_case(embed=512, heads=8, ff=1024, tgt=64, src=128),
-    "self-attention-512": lambda: attention_case("self", embed=512, heads=8, tgt=64),
-    "weight-norm-conv1d-256": lambda: weight_norm_case(channels=256, length=400),
-    "lora-linear-1024": lambda: lora_case(features=1024, rows=64),
-    # E=384, 6 heads, 4 layers, vocabulary 51,865, 8 tokens, memory 375 (whisper-tiny's sizes)
-    "tied-head-decoder": lambda: tied_head_case(),
-}
-
-ALL: dict = {**SMALL, **LARGE}
-
-
-def build(name: str) -> Case:
-    """The built-in or zoo model ``name`` (a zoo model may raise ``zoo.ZooUnavailable``)."""
-    from .zoo import ZOO
-
-    factory: Optional[Callable[[], Case]] = ALL.get(name) or ZOO.get(name)
-    if factory is None:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join([*ALL, *ZOO])}")
-    case = factory()
-    case.name = name
-    return case
