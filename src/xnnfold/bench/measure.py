@@ -161,15 +161,26 @@ def _gemm_sources_outside(edge_program: ExportedProgram) -> list:
 
 def _largest_outside(edge_program: ExportedProgram) -> dict:
     """{op name: largest output numel} of the ops outside delegates: what a step that takes
-    glue off portable still leaves there, by size."""
+    glue off portable still leaves there, by size (a dynamic size at the example's value)."""
     sizes = {}
     for node in edge_program.graph.nodes:
         name = op_name(node.target) if node.op == "call_function" else ""
         val = node.meta.get("val")
         if name and "executorch_call_delegate" not in name and name != "getitem" and \
                 isinstance(val, torch.Tensor):
-            sizes[name] = max(sizes.get(name, 0), val.numel())
+            sizes[name] = max(sizes.get(name, 0), _numel_hint(val))
     return sizes
+
+
+def _numel_hint(val: torch.Tensor) -> int:
+    """``val.numel()`` as a plain int, without touching the ShapeEnv: comparing a symbolic size
+    adds a guard, which narrows the program's ranges (its memory plan then fits the example
+    only) or raises on a data-dependent size. A symbol's hint is read instead (0 if none)."""
+    numel = val.numel()
+    if isinstance(numel, int):
+        return numel
+    hint = getattr(numel.node, "hint", None)
+    return int(hint) if hint is not None else 0
 
 
 def _has_quantized_ops(ep: ExportedProgram) -> bool:
