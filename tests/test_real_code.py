@@ -269,3 +269,32 @@ def test_guard_is_load_bearing(monkeypatch, name, remove, failure):
     with pytest.raises(AssertionError) as raised:
         case()
     assert type(raised.value) is failure, f"{type(raised.value).__name__}: {raised.value}"
+
+
+def test_wav2vec2_with_an_unbounded_length_folds_its_weight_norm_conv():
+    """transformers' Wav2Vec2 with its audio length left to export (``Dim.AUTO``: no upper
+    bound): the positional conv's weight_norm weight is folded, which stock leaves on portable.
+    On the way the probe meets an unbounded range (torch's int_oo) and lengths divided by the
+    conv strides (``s0 // 5``), each a known limit rather than a failure."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2)
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = transformers.Wav2Vec2Model(config)
+
+        def forward(self, audio):
+            return self.encoder(audio).last_hidden_state
+
+    model = Encoder().eval()
+    # Unbounded, ExecuTorch plans memory for the example's length: the second run is shorter.
+    checked = check_lowering(model, (torch.randn(1, 1600),),
+                             dynamic_shapes=({1: torch.export.Dim.AUTO},),
+                             run_inputs=[(torch.randn(1, 1200),)], tol=1e-4)
+    assert checked.folded.gemms_outside == [], checked.folded.gemms_outside
+    assert len(checked.stock.gemms_outside) == 1, checked.stock.gemms_outside

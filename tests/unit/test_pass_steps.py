@@ -393,3 +393,20 @@ def test_probe_dims_take_only_numbers_as_bounds():
     assert (dim.min, dim.max) == (2, torch.export.Dim("d").max)   # unbounded above
     bounded = _Dims({symbol: ValueRanges(3, 40)})._dim(symbol, "x")
     assert (bounded.min, bounded.max) == (3, 40)
+
+
+def test_probe_dims_call_a_floor_division_unsupported():
+    # A conv's output length under a dynamic input (s0 // 10): a known limit the whole-program
+    # probe answers, not an internal failure.
+    from types import SimpleNamespace
+
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+    from torch.utils._sympy.value_ranges import ValueRanges
+    from xnnfold.probe.cut import ProbeUnsupported
+    from xnnfold.probe.program import _Dims
+
+    symbol = sympy.Symbol("s0", integer=True, positive=True)
+    size = SimpleNamespace(node=SimpleNamespace(expr=FloorDiv(symbol, 10)))
+    with pytest.raises(ProbeUnsupported, match="not a polynomial"):
+        _Dims({symbol: ValueRanges(20, 4000)}).spec(size, "conv1d")

@@ -95,7 +95,10 @@ class _Dims:
         dim = self._dim(symbol, node_name)
         if expr == symbol:
             return dim
-        poly = sympy.Poly(expr, symbol)
+        try:
+            poly = sympy.Poly(expr, symbol)
+        except sympy.PolynomialError:      # e.g. a floor division (conv strides): s0//10
+            raise ProbeUnsupported(node_name, f"dim {expr} is not a polynomial in {symbol}")
         coeffs = poly.all_coeffs()
         if poly.degree() != 1 or not all(c.is_integer for c in coeffs):
             raise ProbeUnsupported(node_name, f"dim {expr} is not linear in {symbol}")
