@@ -35,15 +35,38 @@ REPO = Path(__file__).resolve().parent.parent
 NAME = "XnnpackPartitioner"
 
 
-def load_test_linear():
+def load_test_module(relative: str = "ops/test_linear.py"):
+    """A test file of the wheel's ``backends/xnnpack/test``, imported under its package name."""
     import executorch
-    root = Path(list(executorch.__path__)[0]) / "backends" / "xnnpack" / "test" / "ops"
-    spec = importlib.util.spec_from_file_location(
-        "executorch.backends.xnnpack.test.ops.test_linear", root / "test_linear.py")
+    root = Path(list(executorch.__path__)[0]) / "backends" / "xnnpack" / "test"
+    name = "executorch.backends.xnnpack.test." + relative[:-3].replace("/", ".")
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, root / relative)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_test_linear():
+    return load_test_module("ops/test_linear.py")
+
+
+def unittest_case(node_id: str):
+    """A case running one unittest test, ``FILE::Class::method`` (a conformance test id), with
+    its setUp/tearDown and subtests; a failure or error is raised as an AssertionError."""
+    import unittest
+    relative, cls_name, method = node_id.split("::")
+
+    def case():
+        test = getattr(load_test_module(relative), cls_name)(method)
+        result = unittest.TestResult()
+        test.run(result)
+        problems = result.failures + result.errors
+        if problems:
+            raise AssertionError(problems[0][1].strip().splitlines()[-1])
+    return case
 
 
 class Recorder:
@@ -177,6 +200,9 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--cases", default=None, help="comma-separated subset")
+    parser.add_argument("--tests", default=None,
+                        help="comma-separated conformance test ids (FILE::Class::method, as "
+                        "summary.md names them) to pair instead of the built-in cases")
     parser.add_argument("--out", type=Path, default=REPO / "out" / "conformance")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -184,6 +210,8 @@ def main(argv=None) -> int:
     tl = load_test_linear()
     rec = Recorder()
     cases = make_cases(tl)
+    if args.tests:
+        cases = {test: unittest_case(test) for test in args.tests.split(",")}
     names = args.cases.split(",") if args.cases else list(cases)
     results = {}
     for name in names:
