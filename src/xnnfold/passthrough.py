@@ -115,9 +115,10 @@ class _Partition:
                     nhwc.get(a, _channels_last(_val(a))) for a in node.all_input_nodes))
         return source
 
-    def next_untag(self) -> Optional[torch.fx.Node]:
+    def next_untag(self, moved: frozenset = frozenset()) -> Optional[torch.fx.Node]:
         """A copy to untag so that no output repeats another or is an input, or None.
-        Raises ``_CannotFix`` when the only such node cannot leave without a cycle."""
+        ``moved``: the nodes already untagged by this fix. Raises ``_CannotFix`` when the only
+        such node cannot leave without a cycle."""
         sources = self.sources()
         owner: dict = {}   # source -> the output kept in the delegate for it
         outputs = self.outputs()
@@ -133,9 +134,12 @@ class _Partition:
             if owner.setdefault(base, out) is out:
                 continue
             return out                   # the caller splits off what reads it inside
-        for node in self.nodes:   # an untagged copy that leaves an input in another layout
+        # A copy this fix untagged that leaves an input in another layout. Only those: a
+        # partition stock made already reads such inputs as it likes (a linear after a
+        # channels-last copy, which preprocess takes), and is not this fix's to change.
+        for node in self.nodes:
             for arg in node.all_input_nodes:
-                if not self.inside(arg) and arg.op == "call_function" and \
+                if arg in moved and not self.inside(arg) and \
                         not _default_dim_order(_val(arg)):
                     if all(not self.inside(a) for a in node.all_input_nodes) or \
                             all(not self.inside(u) for u in node.users):
@@ -171,7 +175,8 @@ def untag_vanishing_copies(graph: torch.fx.Graph, partition_tags: dict) -> list:
             pending = [tag]
             while pending:
                 current = pending.pop()
-                while (node := _Partition(graph, current).next_untag()) is not None:
+                while (node := _Partition(graph, current).next_untag(
+                        frozenset(untagged + mine))) is not None:
                     del node.meta[TAG]
                     mine.append(node)
                     split = _split_after(graph, node, current, partition_tags)

@@ -4,21 +4,25 @@ are untagged so that no delegate returns a node twice or its own input. No lower
 import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import to_edge
+from executorch.exir import EdgeCompileConfig, to_edge
 
 from xnnfold.passthrough import TAG, untag_vanishing_copies
 
 CHANNELS_LAST = torch.channels_last
 
 
-def partitioned(fn, *inputs, dynamic_shapes=None):
-    """The Edge graph of ``fn`` tagged by the stock partitioner, and its partition tags."""
+def partitioned(fn, *inputs, dynamic_shapes=None, preserve=()):
+    """The Edge graph of ``fn`` tagged by the stock partitioner, and its partition tags.
+    ``preserve``: ops kept whole, as ``to_edge_transform_and_lower`` keeps what XNNPACK takes."""
     class Module(torch.nn.Module):
         def forward(self, *args):
             return fn(*args)
 
     ep = torch.export.export(Module(), inputs, dynamic_shapes=dynamic_shapes)
-    result = XnnpackPartitioner().partition(to_edge(ep).exported_program())
+    config = EdgeCompileConfig(_core_aten_ops_exception_list=list(preserve),
+                               preserve_ops=list(preserve))
+    result = XnnpackPartitioner().partition(to_edge(ep, compile_config=config)
+                                            .exported_program())
     return result.tagged_exported_program.graph, dict(result.partition_tags)
 
 
@@ -113,3 +117,22 @@ def _clone_read_inside_and_out(x):
     y = x + 1
     c = y.clone()
     return y, c, c * 2
+
+
+def test_a_stock_partition_reading_a_channels_last_copy_keeps_its_tags():
+    # executorch's test_to_copy: int16 -> float32 channels-last (a copy XNNPACK leaves outside)
+    # -> linear. The delegate reads the copy in its channels-last order, which preprocess
+    # takes: nothing here was moved out by the fix, so nothing is its to untag. (Untagging the
+    # linear left an aten.linear neither decomposed nor delegated: the lowering raised.)
+    torch.manual_seed(0)
+    weight = torch.randn(3, 3)
+    graph, partition_tags = partitioned(
+        lambda x: torch.nn.functional.linear(
+            x.to(torch.float, memory_format=CHANNELS_LAST), weight),
+        torch.randint(0, 10, (1, 3, 3, 3), dtype=torch.int16),
+        preserve=[torch.ops.aten.linear.default])
+    before, tags_before = tags(graph), dict(partition_tags)
+    assert before["aten_linear_default"] is not None
+    assert before["dim_order_ops__to_dim_order_copy_default"] is None
+    assert untag_vanishing_copies(graph, partition_tags) == []
+    assert tags(graph) == before and partition_tags == tags_before
