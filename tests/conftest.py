@@ -364,3 +364,12 @@ def pytest_collection_modifyitems(items):
     with them and the short tests fill in behind, instead of one worker finishing on a long
     shard while the other idles."""
     items.sort(key=lambda item: 0 if "test_generated_programs" in item.nodeid else 1)
+
+
+def tiny_wav2vec2_config(transformers, layers: int):
+    """transformers' Wav2Vec2 at toy dims (a weight_norm positional conv, strided feature convs):
+    third-party code that meets dynamic lengths."""
+    return transformers.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2)

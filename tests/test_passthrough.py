@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import NumericMismatch, check_lowering, expect
+from conftest import NumericMismatch, check_lowering, expect, tiny_wav2vec2_config
 from xnnfold.bench.measure import compare_outputs, run_pte
 
 E = 16
@@ -102,10 +102,7 @@ def test_wav2vec2_encoder_with_a_dynamic_length():
     (a clone) under a dynamic length."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.Wav2Vec2Config(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=2)
+    config = tiny_wav2vec2_config(transformers, layers=2)
     encoder = transformers.Wav2Vec2Model(config).eval()
 
     class Encoder(nn.Module):

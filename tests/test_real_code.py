@@ -16,7 +16,7 @@ from xnnfold.steps import canonical, fold, runtime_weight
 from xnnfold.rules import DEFAULT_RULES, Rule
 
 from conftest import (Fallback, GemmsOutside, Params, StoredMore, UnexpectedFold,
-                      assert_all_delegated, check_lowering, expect_fold)
+                      assert_all_delegated, check_lowering, expect_fold, tiny_wav2vec2_config)
 
 E = 16
 
@@ -278,10 +278,7 @@ def test_wav2vec2_with_an_unbounded_length_folds_its_weight_norm_conv():
     conv strides (``s0 // 5``), each a known limit rather than a failure."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.Wav2Vec2Config(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=2)
+    config = tiny_wav2vec2_config(transformers, layers=1)
 
     class Encoder(nn.Module):
         def __init__(self):
