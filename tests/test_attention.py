@@ -103,6 +103,36 @@ def test_attention_glue_leaves_portable(case):
         assert (expected[1] == 0).all()     # the fully masked batch is in the comparison
 
 
+class MaskBufferSdpa(nn.Module):
+    """SDPA with a bool mask buffer sliced to [L, S] per call, as executorch's llama example
+    holds its causal mask. ``mask`` is stored byte for byte."""
+
+    def __init__(self, mask):
+        super().__init__()
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, q, k, v):
+        mask = self.mask[:q.shape[-2], :k.shape[-2]]
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_bool_mask_bytes_other_than_0_and_1_are_true():
+    # executorch's llama example builds its model on the meta device and materializes it with
+    # ``to_empty``: its causal-mask buffer holds whatever the heap held, bool bytes like 0x5A.
+    # Eager and stock's ``where`` take any non-zero byte as True; the runtime's logical ops and
+    # casts take its bits as they are (the rewrite that ran them on the raw mask gave all-NaN
+    # outputs in executorch's own llama test, depending on the tests run before it).
+    torch.manual_seed(0)
+    raw = torch.randint(2, 256, (L + 1, S + 1), dtype=torch.uint8)
+    raw[:, 5:] = 0
+    raw[2] = 0                             # row 2 blocked entirely: eager gives zeros there
+    model = MaskBufferSdpa(raw.view(torch.bool)).eval()
+    assert raw.view(torch.bool).view(torch.uint8).max() > 1     # the bytes reach the program
+    inputs = (_heads(L), _heads(S), _heads(S))
+    checked = check_lowering(model, inputs, reference=MaskBufferSdpa(raw != 0).eval())
+    assert_no_glue(checked, ["mask: fully-masked rows handled by keep factor"])
+
+
 class EagerAttention(nn.Module):
     """Attention as transformers' eager path writes it: 4-D matmuls around a plain softmax."""
 

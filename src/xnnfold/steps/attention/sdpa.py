@@ -106,14 +106,15 @@ def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype) -> tuple
     """(additive float mask with no fully blocked row, 0/1 keep factor per row), both
     computed on the mask's own size."""
     if val(mask).dtype == torch.bool:
-        alive = emit(aten.any.dim, mask, -1, True)                 # [..., Lm, 1]
-        allowed = emit(aten.logical_or.default, mask, emit(aten.logical_not.default, alive))
-        zeros = emit(aten.zeros_like.default, mask, dtype=dtype)
-        additive = emit(aten.masked_fill.Scalar, zeros,
-                        emit(aten.logical_not.default, allowed), float("-inf"))
-    else:
-        alive = emit(aten.any.dim, emit(aten.ne.Scalar, mask, float("-inf")), -1, True)
-        additive = emit(aten.masked_fill.Scalar, mask, emit(aten.logical_not.default, alive), 0.0)
+        # The bool mask is read once, by ``where``, as stock's decomposition reads it: a byte
+        # other than 0 or 1 (an uninitialized buffer: executorch's llama example materializes
+        # its causal mask with ``to_empty``) is True there, as in eager, whereas the runtime's
+        # logical ops and casts would take its bits as they are (``logical_not`` of 0x5A is
+        # 0x5B, its cast to float 90.0).
+        mask = emit(aten.where.self, mask, emit(aten.scalar_tensor.default, 0.0, dtype=dtype),
+                    emit(aten.scalar_tensor.default, float("-inf"), dtype=dtype))
+    alive = emit(aten.any.dim, emit(aten.ne.Scalar, mask, float("-inf")), -1, True)
+    additive = emit(aten.masked_fill.Scalar, mask, emit(aten.logical_not.default, alive), 0.0)
     keep = emit(aten.to.dtype, alive, dtype)
     return additive, keep
 
