@@ -142,12 +142,18 @@ def last_summary_line(log: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def subtest_counts(summary_line: str) -> Counter:
-    """'12 subtests passed, 1 subtests failed' -> Counter(passed=12, failed=1)."""
+def subtest_counts(summary_line: str, log: Path) -> Counter:
+    """Subtests passed and failed. pytest 9 prints '8 subtests passed' in its summary line but
+    counts a failed subtest among the failed *tests* of that line, with a 'SUBFAILED(...)' line
+    in the short summary (-rf): failures are counted from those lines."""
     import re
-    return Counter({m.group(2): int(m.group(1))
-                    for m in re.finditer(r"(\d+) subtests? (passed|failed|skipped|xfailed)",
-                                         summary_line)})
+    counts = Counter({m.group(2): int(m.group(1))
+                      for m in re.finditer(r"(\d+) subtests? (passed|failed|skipped|xfailed)",
+                                           summary_line)})
+    if log.exists():
+        counts["failed"] = max(counts["failed"], sum(
+            line.startswith("SUBFAILED") for line in log.read_text(errors="replace").splitlines()))
+    return counts
 
 
 def parse_junit(path: Path) -> dict:
@@ -308,7 +314,7 @@ def summarize(out: Path, runs: dict, files, suites=()) -> int:
             continue
         mode = stem.split(".", 1)[0]
         run["summary_line"] = last_summary_line(out / f"{stem}.log") or run.get("summary_line", "")
-        subtests[mode].update(subtest_counts(run["summary_line"]))
+        subtests[mode].update(subtest_counts(run["summary_line"], out / f"{stem}.log"))
         lines.append(f"| {stem} | {run['seconds'] / 60:.1f} min | {run.get('rc', '-')} | "
                      f"{run.get('summary_line', '')} |")
     lines.append("")
