@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 NAME = "XnnpackPartitioner"
 
 
-def load_test_module(relative: str = "ops/test_linear.py"):
+def load_test_module(relative: str):
     """A test file of the wheel's ``backends/xnnpack/test``, imported under its package name."""
     import executorch
     root = Path(list(executorch.__path__)[0]) / "backends" / "xnnpack" / "test"
@@ -47,10 +47,6 @@ def load_test_module(relative: str = "ops/test_linear.py"):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def load_test_linear():
-    return load_test_module("ops/test_linear.py")
 
 
 def unittest_case(node_id: str):
@@ -207,7 +203,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    tl = load_test_linear()
+    tl = load_test_module("ops/test_linear.py")
     rec = Recorder()
     cases = make_cases(tl)
     if args.tests:

@@ -115,7 +115,7 @@ class _Partition:
                     nhwc.get(a, _channels_last(_val(a))) for a in node.all_input_nodes))
         return source
 
-    def next_untag(self, moved: frozenset = frozenset()) -> Optional[torch.fx.Node]:
+    def next_untag(self, moved: frozenset) -> Optional[torch.fx.Node]:
         """A copy to untag so that no output repeats another or is an input, or None.
         ``moved``: the nodes already untagged by this fix. Raises ``_CannotFix`` when the only
         such node cannot leave without a cycle."""
