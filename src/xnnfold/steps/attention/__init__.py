@@ -9,6 +9,8 @@ import logging
 
 from torch.export import ExportedProgram
 
+from ...errors import warn_or_raise
+from ...validity import sync_output_specs
 from . import matmul, sdpa
 from .common import AttentionRewrite, Emitter
 from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK, SDPA
