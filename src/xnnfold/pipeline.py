@@ -1,4 +1,4 @@
-"""The whole pass: attention rewritten -> canonical GEMMs -> projections -> analysis -> plan
+"""The whole pass: mask indexing -> attention rewritten -> canonical GEMMs -> projections -> analysis -> plan
 and rules -> fold -> probe, repeated until the probe agrees -> runtime weights.
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
@@ -21,6 +21,7 @@ from .steps.fold import plan
 from .analysis import ProgramFacts, find_operands, find_static
 from .steps.attention import rewrite_attention
 from .steps.canonical import canonicalize
+from .steps.mask_index import rewrite_mask_indexing
 from .steps.runtime_weight import mark_runtime_weights
 from .errors import FoldError, StrictFallback, warn_or_raise
 from .steps.fold.evaluate import ConeEvaluator
@@ -40,8 +41,8 @@ Probe = Callable[[ExportedProgram, list], set]
 
 def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet,
                     attention: bool = True) -> FoldResult:
-    """Rewrite attention (unless ``attention`` is False), canonicalize GEMMs, split packed
-    projections, then fold; undo each split whose parts were not all folded and delegated
+    """Index by masks rather than their ``where``, rewrite attention (unless ``attention`` is
+    False), canonicalize GEMMs, split packed projections, then fold; undo each split whose parts were not all folded and delegated
     (rule *split*).
 
     ``ep`` is only read: the pass copies it once (graph and signature; tensors are shared) and
@@ -50,6 +51,8 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     """
     check = StepChecks(ep)    # each step's program passes torch's checker, or the pass falls back
     base = copy_program(ep)
+    indexed = rewrite_mask_indexing(base)
+    check(base, "mask_index")
     attended = rewrite_attention(base) if attention else []
     check(base, "attention")
     facts = find_static(base)
@@ -82,9 +85,11 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     result.projections = sites + kept
     result.canonical = rewrites
     result.attention = attended
+    result.mask_index = indexed
     mark_runtime_weights(result, rule_set.prefer)
     check(result.program, "runtime_weight")
-    if result.program is base and not rewrites and not any(a.rewritten for a in attended) and \
+    if result.program is base and not rewrites and not indexed and \
+            not any(a.rewritten for a in attended) and \
             not any(row.runtime_weight for row in result.operands):
         result.program = ep    # nothing changed: the caller's own program
     return result
