@@ -63,7 +63,7 @@ def test_own_shape_env_failure(monkeypatch, caplog, strict):
         monkeypatch.setenv(STRICT_ENV, "1")
     else:
         monkeypatch.delenv(STRICT_ENV, raising=False)
-    monkeypatch.setattr(partitioner, "has_unbacked_symbols", lambda program: True)
+    monkeypatch.setattr(partitioner, "needs_own_shape_env", lambda program: True)
     monkeypatch.setattr(partitioner, "give_own_shape_env", _broken)
     folded = object()
     result = SimpleNamespace(program=folded)

@@ -22,7 +22,7 @@ from .fast import FastProbe, consumer_gemms
 from ..steps.fold import copy_program
 from .whole import delegated_placeholders, tagged_keys
 from .cut import ProbeUnsupported, param_keys
-from ..shape_env import give_own_shape_env, has_unbacked_symbols
+from ..shape_env import give_own_shape_env, needs_own_shape_env
 
 logger = logging.getLogger("xnnfold")
 
@@ -46,7 +46,7 @@ def whole_program_probe(partitioner: Partitioner) -> Probe:
         # Its aborted lowering must leave nothing in the ShapeEnv the program shares with the
         # caller's: it lowers a copy with a ShapeEnv of its own.
         probed = program
-        if has_unbacked_symbols(program):
+        if needs_own_shape_env(program):
             probed = copy_program(program)
             give_own_shape_env(probed)
         return delegated_placeholders(probed, partitioner) & folded
