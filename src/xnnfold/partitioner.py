@@ -201,7 +201,11 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
             exported_program, hand_over_last=self._folded_since_partition == 1)
         self._last_source = weakref.ref(exported_program)
         self._pending = probe.pending
-        return self.last_result.program
+        program = self.last_result.program
+        # The lowering deletes the constants it moves into delegates from the constants dict
+        # of the program it is given (run_decompositions shares that dict): hand it a copy, so
+        # that last_result.program stays the valid program the fold returned.
+        return program if program is exported_program else copy_program(program)
 
     def partition(self, exported_program: ExportedProgram):
         result = super().partition(exported_program)
