@@ -16,7 +16,6 @@ from xnnfold.errors import STRICT_ENV, StrictFallback
 from xnnfold.steps.fold import copy_program
 from xnnfold.steps.mask_index import rewrite_mask_indexing
 
-TAG = "delegation_tag"
 exir_where = exir_ops.edge.aten.where.self
 
 
