@@ -262,7 +262,7 @@ def test_data_dependent_program_lowers_with_xnnfold_then_stock(dynamic):
 
 def test_own_shape_env_is_load_bearing(monkeypatch):
     """Without the isolation, xnnfold's lowering leaves the caller's ShapeEnv unlowerable."""
-    monkeypatch.setattr(partitioner, "_isolate", lambda ep, result: None)
+    monkeypatch.setattr(partitioner, "give_own_shape_env", lambda program: None)
     monkeypatch.setenv(verified_probe.VERIFY_ENV, "0")   # the fast probe alone leaves nothing
     torch.manual_seed(0)
     ep = torch.export.export(MaskedAndWeightNorm().eval(), (torch.randn(4, K),))

@@ -50,6 +50,11 @@ class FoldGemmParams:
     probe and fails the fold on any disagreement with the fast one (a test mode: it costs a
     second decomposition of the program). ``attention=False`` leaves every
     ``scaled_dot_product_attention`` as stock decomposes it (:mod:`xnnfold.steps.attention`).
+
+    ``.program`` is a valid ExportedProgram (``validate()``, ``torch.export.save``); it shares
+    ``ep``'s ShapeEnv, so for a program with data-dependent sizes, lowering it leaves unbound
+    symbols there, as lowering ``ep`` does (the drop-in :class:`XnnpackPartitioner` lowers a
+    copy with a ShapeEnv of its own).
     """
 
     def __init__(self, partitioner: Optional[StockXnnpackPartitioner] = None,
@@ -77,7 +82,6 @@ class FoldGemmParams:
             result = pipeline.run(ep, probe, self.rules, self.attention)
         if result.fallback is not None:
             probe.pending = None   # about a fold that was given up: nothing left to check
-        _isolate(ep, result)
         return result, probe
 
 
@@ -100,22 +104,29 @@ def fold_gemm_params(ep: ExportedProgram,
     return FoldGemmParams(partitioner, rules.preferring(prefer), verify_probe, attention)(ep)
 
 
-def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
-    """Give the program to lower a ShapeEnv of its own when it has data-dependent sizes, or
-    shares a ShapeEnv that made some: the lowering leaves unbound symbols in its ShapeEnv (see
-    :mod:`xnnfold.shape_env`), which would make the next lowering of ``ep`` raise, and an
-    earlier lowering of ``ep`` may have left some that make this one raise."""
-    if not needs_own_shape_env(result.program):
-        return
-    try:
-        program = result.program if result.program is not ep else copy_program(ep)
-        give_own_shape_env(program)
-    except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
-        warn_or_raise(logger, "xnnfold: could not give the program its own ShapeEnv (%s: %s); "
-                      "lowering it leaves unbound symbols in the caller's program, as a "
-                      "stock lowering does", type(error).__name__, error)
-        return
-    result.program = program
+def _for_lowering(ep: ExportedProgram, program: ExportedProgram) -> ExportedProgram:
+    """What the hook hands the lowering for ``program`` (the fold's result for ``ep``): a copy,
+    because the lowering deletes the constants it moves into delegates from the constants dict
+    of the program it is given (``run_decompositions`` shares that dict), and with a ShapeEnv
+    of its own when ``program`` has data-dependent sizes or shares a ShapeEnv that made some:
+    the lowering leaves unbound symbols in its ShapeEnv (see :mod:`xnnfold.shape_env`), which
+    would make the next lowering of ``ep`` raise, and an earlier lowering of ``ep`` may have
+    left some that would make this one raise. ``program`` itself stays the valid program the
+    fold returned (the isolated copy does not round-trip through ``torch.export.save``: its
+    nodes name symbols its ShapeEnv never had). ``ep`` itself when nothing needs doing."""
+    isolate = needs_own_shape_env(program)
+    if program is ep and not isolate:
+        return ep                     # stock's lowering of the caller's program, exactly
+    lowered = copy_program(program)
+    if isolate:
+        try:
+            give_own_shape_env(lowered)
+        except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
+            warn_or_raise(logger, "xnnfold: could not give the program its own ShapeEnv "
+                          "(%s: %s); lowering it leaves unbound symbols in the caller's "
+                          "program, as a stock lowering does", type(error).__name__, error)
+            return copy_program(program)
+    return lowered
 
 
 def _fix_passthrough(result) -> None:
@@ -201,11 +212,7 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
             exported_program, hand_over_last=self._folded_since_partition == 1)
         self._last_source = weakref.ref(exported_program)
         self._pending = probe.pending
-        program = self.last_result.program
-        # The lowering deletes the constants it moves into delegates from the constants dict
-        # of the program it is given (run_decompositions shares that dict): hand it a copy, so
-        # that last_result.program stays the valid program the fold returned.
-        return program if program is exported_program else copy_program(program)
+        return _for_lowering(exported_program, self.last_result.program)
 
     def partition(self, exported_program: ExportedProgram):
         result = super().partition(exported_program)
