@@ -282,3 +282,21 @@ def test_ctrl_c_stops_the_report_at_once(tmp_path, to):
     while _session(process.pid) and time.monotonic() < start + 15:
         time.sleep(0.2)
     assert _session(process.pid) == {}, _session(process.pid)
+
+
+def test_report_quantized_on_a_factory_and_a_built_in_model(tmp_path):
+    """--quantize dynamic in the report: each model PT2E-quantized in every lowering process,
+    its .pte run there and here and compared with the converted module (int8 tolerance)."""
+    done = _run("-m", "xnnfold", "report", "bench_factories:mean_head", "lora-linear",
+                "--quantize", "dynamic", "--variants", "stock,xnnfold", "--reps", "2",
+                "--no-profile", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "report.json").read_text())["rows"]
+    assert {(r["model"], r["variant"]) for r in rows} == {
+        (model, variant) for model in ("bench_factories:mean_head int8-dynamic",
+                                       "lora-linear int8-dynamic")
+        for variant in (STOCK, XNNFOLD)}
+    for row in rows:
+        assert row["error"] is None and row["outputs_ok"] and row["rounds"] == 2, row
+        assert row["gemms_outside"] == 0, row
+    assert (tmp_path / "latency.png").stat().st_size > 0
