@@ -164,3 +164,23 @@ def test_no_max_abs_diff_helper_left():
     users = [p for folder in ("src", "tests", "bench") for p in (root / folder).rglob("*.py")
              if "max_abs_diff(" in p.read_text() and p.name != "test_compare.py"]
     assert users == [], users
+
+
+def test_check_pte_says_why_a_pte_fails(monkeypatch):
+    """lower --check's verdict (xnnfold.bench.isolated.check_pte), the run faked: outputs that
+    differ, int8 outputs within 3% of the largest, a .pte that does not run."""
+    from xnnfold.bench import isolated
+    expected = torch.tensor([10.0, -4.0])
+    monkeypatch.setattr(isolated, "run_isolated", lambda path, inputs: [expected + 0.2])
+    verdict = isolated.check_pte("m.pte", (), expected)
+    assert not verdict.ok and verdict.reason.startswith(
+        "its outputs differ from eager's: output 0: max abs diff 0.2"), verdict.reason
+    assert isolated.check_pte("m.pte", (), expected, quantized=True).ok     # 0.2 < 0.3
+
+    def fails(path, inputs):
+        raise RuntimeError("the .pte does not run on the ExecuTorch runtime: its process was "
+                           "killed by SIGABRT")
+    monkeypatch.setattr(isolated, "run_isolated", fails)
+    verdict = isolated.check_pte("m.pte", (), expected)
+    assert not verdict.ok and verdict.reason.endswith("killed by SIGABRT"), verdict
+

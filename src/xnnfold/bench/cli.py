@@ -195,31 +195,23 @@ def _cmd_lower(args) -> int:
     print(f"GEMMs outside delegates: {len(lowered.gemms_outside)}; delegate calls: "
           f"{lowered.delegate_calls}; .pte bytes: {lowered.pte_bytes:,}; written to {output}")
     if case is not None:
-        print(f"check: {check_pte(str(output), case, quantized=bool(args.quantize))}")
+        print(f"check: {_check(str(output), case, quantized=bool(args.quantize))}")
     return 0
 
 
-def check_pte(path: str, case, quantized: bool = False) -> str:
-    """Run the .pte at ``path`` on ``case``'s inputs in a process of its own and compare its
-    outputs with ``case.model``'s in eager (``compare_outputs``; a quantized model with
-    :func:`~xnnfold.bench.compare.quantized_tolerance`). Returns the verdict's line; raises
-    :class:`CommandFailed` with the reason when the .pte does not run or differs."""
+def _check(path: str, case, quantized: bool) -> str:
+    """``lower --check``: the .pte at ``path`` against ``case.model`` in eager
+    (:func:`xnnfold.bench.isolated.check_pte`); :class:`CommandFailed` when it does not run or
+    differs."""
     import torch
 
-    from .compare import compare_outputs, quantized_tolerance
-    from .isolated import run_isolated
+    from .isolated import check_pte
 
     with torch.no_grad():
         expected = case.model(*case.inputs)
-    try:
-        outputs = run_isolated(path, case.inputs)
-    except RuntimeError as error:
-        raise CommandFailed(f"{path}: check failed: {error}")
-    verdict = compare_outputs(outputs, expected,
-                              **(quantized_tolerance(expected) if quantized else {}))
+    verdict = check_pte(path, case.inputs, expected, quantized)
     if not verdict.ok:
-        raise CommandFailed(f"{path}: check failed: outputs differ from eager's "
-                            f"({verdict.reason})")
+        raise CommandFailed(f"{path}: check failed: {verdict.reason}")
     return f"runs on the ExecuTorch runtime and matches eager ({verdict})"
 
 

@@ -158,3 +158,24 @@ def run_isolated(pte_path: str, inputs: tuple) -> list:
         except Exception as error:  # noqa: BLE001 - said in one line
             failure = error
     raise RuntimeError(does_not_run(failure, failure_summary(log)))
+
+
+def check_pte(pte_path: str, inputs: tuple, expected, quantized: bool = False):
+    """The .pte at ``pte_path`` run on ``inputs`` in a process of its own
+    (:func:`run_isolated`) and compared with ``expected`` (eager's outputs) by
+    ``compare_outputs``; a PT2E-quantized model's with
+    :func:`~xnnfold.bench.compare.quantized_tolerance`. A :class:`Comparison`: not ok, with
+    :func:`does_not_run`'s line as its reason, when the .pte does not run."""
+    import math
+
+    from .compare import Comparison, compare_outputs, quantized_tolerance
+
+    try:
+        outputs = run_isolated(pte_path, inputs)
+    except RuntimeError as error:
+        return Comparison(False, math.nan, math.nan, str(error))
+    verdict = compare_outputs(outputs, expected,
+                              **(quantized_tolerance(expected) if quantized else {}))
+    if not verdict.ok:
+        verdict.reason = f"its outputs differ from eager's: {verdict.reason}"
+    return verdict
