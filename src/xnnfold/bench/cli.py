@@ -39,15 +39,16 @@ class CommandFailed(Exception):
 class Command:
     """A subcommand: ``arguments(parser)`` adds its arguments, ``check(args)`` checks them
     before any heavy import (raising :class:`UsageError`), ``run(args)`` does the work and
-    returns the exit code. ``in_process=False``: the work runs in another process (no torch
-    imported here: the dependency noise is filtered on the file descriptor only)."""
+    returns the exit code. ``description``: the help's text, or a function making it (default:
+    ``help``). ``in_process=False``: the work runs in another process (no torch imported here:
+    the dependency noise is filtered on the file descriptor only)."""
 
     name: str
     help: str
     arguments: Callable
     run: Callable
     check: Callable = lambda args: None
-    description: str = ""
+    description: object = ""
     in_process: bool = True
 
 
@@ -396,7 +397,7 @@ COMMANDS = (
     Command("hf", "a transformers model saved with save_pretrained (Whisper, a causal LM, a "
             "ViT) to .pte through xnnfold", _hf_arguments, _cmd_hf, _check_hf),
     Command("bench", "one-off measurements (xnnfold bench --help lists them)",
-            _bench_arguments, _cmd_bench, in_process=False, description="bench"),
+            _bench_arguments, _cmd_bench, description=_bench_description, in_process=False),
 )
 
 
@@ -433,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show what dependencies print (warnings, the runtime's C++ logs)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        description = _bench_description() if command.description == "bench" else \
+        description = command.description() if callable(command.description) else \
             command.description or command.help
         sub = commands.add_parser(command.name, help=command.help, description=description)
         command.arguments(sub)
