@@ -174,14 +174,124 @@ def _cmd_bench(args) -> int:
     return done.returncode
 
 
+# --- xnnfold hf / xnnfold generate (transformers folders; generation on the runtime) -----
+
+def _plan_hf(args) -> None:
+    """Before any heavy import: what the folder exports as, from its config.json alone."""
+    from .hf import plan
+
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads}: at least 1")
+    args.plan = plan(args.folder, args.tokens, not args.no_cache, args.max_cache,
+                     args.max_prefill)
+
+
 def _cmd_hf(args) -> int:
     _require("hf", "tabulate", "transformers", install="pip install 'xnnfold[zoo]'")
     from . import hf
 
-    rows = hf.export_folder(args.folder, args.output, compare=args.compare, tokens=args.tokens,
-                            attention=args.attention, reps=args.reps, prefer=args.prefer)
-    print(hf.table(rows))
+    if args.threads is not None:
+        from ..llm.runtime import set_threads
+        set_threads(args.threads)
+    plan = getattr(args, "plan", None) or hf.plan(args.folder, args.tokens, not args.no_cache,
+                                                  args.max_cache, args.max_prefill)
+    exported = hf.export_folder(plan, args.output, compare=args.compare, tokens=args.tokens,
+                                attention=args.attention, reps=args.reps, prefer=args.prefer,
+                                check=not args.no_check, cache=not args.no_cache,
+                                max_cache=args.max_cache, max_prefill=args.max_prefill)
+    print(hf.table(exported.rows))
+    for note in exported.notes:
+        print(note)
+    for wrong in exported.wrong:
+        print(f"xnnfold: error: {wrong} (eager's outputs differ; the .pte is written, do not "
+              "ship it)", file=sys.stderr)
+    return 1 if exported.wrong else 0
+
+
+def _parse_generate(args) -> None:
+    try:
+        args.prompt = [int(t) for t in args.tokens.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--tokens {args.tokens!r}: expected comma-separated token ids")
+    if not args.prompt:
+        raise UsageError("--tokens: give at least one token id")
+    if args.max_new < 1:
+        raise UsageError(f"--max-new {args.max_new}: generate at least one token")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads}: at least 1")
+    if not Path(args.pte).is_file():
+        raise UsageError(f"{args.pte}: no such file")
+
+
+def _cmd_generate(args) -> int:
+    from ..llm.runtime import Generator, NotAGenerationProgram, set_threads
+
+    if getattr(args, "prompt", None) is None:
+        _parse_generate(args)
+    if args.threads is not None:
+        set_threads(args.threads)
+    try:
+        generator = Generator(args.pte)
+        if args.warmup:                   # the first calls set up XNNPACK's operators
+            generator.generate(args.prompt, 2, stop_at_eos=False)
+        result = generator.generate(args.prompt, args.max_new,
+                                    stop_at_eos=not args.ignore_eos)
+    except (NotAGenerationProgram, ValueError) as error:
+        raise UsageError(f"{args.pte}: {error}")
+    except RuntimeError as error:                  # the runtime could not load it
+        raise UsageError(f"{args.pte}: the runtime could not load it ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0][:160]})")
+    print(result.summary())
     return 0
+
+
+def _add_hf_commands(commands) -> None:
+    hug = commands.add_parser("hf", help="a transformers model saved with save_pretrained "
+                              "to .pte through xnnfold (the class config.json names; a causal "
+                              "LM generation-ready)")
+    hug.add_argument("folder", help="the folder save_pretrained wrote (config.json, weights)")
+    hug.add_argument("-o", "--output", required=True, help="the .pte to write (Whisper, T5, "
+                     "BART: OUT.encoder.pte and OUT.decoder.pte; CLIP: OUT.text.pte and "
+                     "OUT.vision.pte)")
+    hug.add_argument("--compare", action="store_true",
+                     help="also lower with stock executorch; time both on the runtime")
+    hug.add_argument("--tokens", type=int, default=8, help="tokens of a text input (a causal "
+                     "LM: the prompt of the check)")
+    hug.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
+                     help="transformers' attn_implementation for the export")
+    hug.add_argument("--reps", type=int, default=10, help="timed rounds with --compare")
+    hug.add_argument("--prefer", choices=["speed", "size"], default="speed",
+                     help="where speed and size trade (a tied nn.Linear head): speed keeps "
+                     "stock's choice, size stores the table once (a run-time weight)")
+    hug.add_argument("--no-check", action="store_true", help="do not run the .pte on the "
+                     "runtime against eager (checked by default; exit 1 when it differs)")
+    hug.add_argument("--no-cache", action="store_true", help="a causal LM: the logits of "
+                     "--tokens tokens, no KV cache, instead of prefill + decode")
+    hug.add_argument("--max-cache", type=int, help="a causal LM: rows of the KV cache (default: "
+                     "1024, at most the model's positions)")
+    hug.add_argument("--max-prefill", type=int, help="a causal LM: the longest prompt one "
+                     "prefill call takes (default: 128, at most --max-cache; longer prompts "
+                     "go in as chunks)")
+    hug.add_argument("--threads", type=int, help="the runtime's threads for the check and "
+                     "the timing (default: its own, one per core)")
+    hug.set_defaults(func=_cmd_hf, early=_plan_hf)
+
+    gen = commands.add_parser("generate", help="greedy decoding with a .pte `xnnfold hf` "
+                              "wrote for a causal LM; prints tokens/s of prefill and decode")
+    gen.add_argument("pte", help="the generation .pte (methods prefill and decode)")
+    gen.add_argument("--tokens", required=True, help="the prompt's token ids, e.g. 1,2,3")
+    gen.add_argument("--max-new", type=int, default=32, help="tokens to generate")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="do not stop at the EOS ids the .pte names")
+    gen.add_argument("--threads", type=int, help="the runtime's threads (default: its own, "
+                     "one per core)")
+    gen.add_argument("--no-warmup", dest="warmup", action="store_false", help="time the "
+                     "first calls too (by default a prefill and one decode step run first, "
+                     "untimed)")
+    gen.set_defaults(func=_cmd_generate, early=_parse_generate)
+
+
+# --- end of xnnfold hf / xnnfold generate ---------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,21 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--all", action="store_true",
                      help="also list every op left outside delegates, with XNNPACK's reason")
     exp.set_defaults(func=_cmd_explain)
-    hug = commands.add_parser("hf", help="a transformers model saved with save_pretrained "
-                              "(Whisper, a causal LM, a ViT) to .pte through xnnfold")
-    hug.add_argument("folder", help="the folder save_pretrained wrote (config.json, weights)")
-    hug.add_argument("-o", "--output", required=True, help="the .pte to write (Whisper: "
-                     "OUT.encoder.pte and OUT.decoder.pte)")
-    hug.add_argument("--compare", action="store_true",
-                     help="also lower with stock executorch; time both on the runtime")
-    hug.add_argument("--tokens", type=int, default=8, help="tokens of a decoder's input")
-    hug.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
-                     help="transformers' attn_implementation for the export")
-    hug.add_argument("--reps", type=int, default=10, help="timed rounds with --compare")
-    hug.add_argument("--prefer", choices=["speed", "size"], default="speed",
-                     help="where speed and size trade (a tied nn.Linear head): speed keeps "
-                     "stock's choice, size stores the table once (a run-time weight)")
-    hug.set_defaults(func=_cmd_hf)
+    _add_hf_commands(commands)
 
     from .scripts import SCRIPTS
 
@@ -273,6 +369,14 @@ def main(argv=None) -> int:
     # torch, torchao and executorch warn on every import and lowering, and the runtime's C++
     # logs to fd 2; none of it is the user's concern unless they ask (--verbose).
     stderr_filter = None
+    if getattr(args, "early", None) is not None:      # checks that need no heavy import
+        try:
+            args.early(args)
+        except UsageError as error:
+            if args.debug:
+                raise
+            print(f"xnnfold: error: {error}", file=sys.stderr)
+            return 2
     if not args.verbose:
         from .quiet import quiet
         stderr_filter = quiet()
