@@ -30,7 +30,8 @@ from .steps.projections import find_packed_projections, split_packed_projections
 from .validity import StepChecks
 # FoldResult and GemmOperand are part of this module's interface (pipeline.FoldResult)
 from .result import FoldResult, GemmOperand, describe, row_of  # noqa: F401
-from .rules import DEFAULT_RULES, Decline, Rule, RuleSet
+from .decision import Decline, Rule
+from .rules import DEFAULT_RULES, RuleSet
 
 logger = logging.getLogger("xnnfold")
 

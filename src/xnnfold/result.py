@@ -10,7 +10,7 @@ from torch.export import ExportedProgram
 
 from . import rules
 from .analysis.gemms import source_module
-from .rules import Decline, Rule, Status
+from .decision import Decline, Rule, Status
 
 
 @dataclass

@@ -14,7 +14,8 @@ from xnnfold import analysis, pipeline, rules
 from xnnfold.steps import canonical, projections, runtime_weight
 from xnnfold.steps.fold import plan
 from xnnfold.errors import STRICT_ENV, StrictFallback
-from xnnfold.rules import DEFAULT_RULES, Rule, Status
+from xnnfold.decision import Rule, Status
+from xnnfold.rules import DEFAULT_RULES
 
 E = 8
 

@@ -12,45 +12,14 @@ that is undone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Callable, Optional
 
 import torch
 
 from ..analysis import ProgramFacts
 from ..analysis.gemms import op_name
+from ..decision import Decline, Rule, Status
 from ..steps.fold.plan import Group, freed_nodes
-
-
-class Rule(str, Enum):
-    STATIC = "static"
-    EXACT = "exact"
-    SIZE = "size"
-    WHOLE_GROUP = "whole-group"
-    DELEGATED = "delegated"
-    SPLIT = "split"
-    INTERNAL = "internal"      # an internal failure sent the program back to stock
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Status(str, Enum):
-    PLAIN = "plain"
-    FOLDED = "folded"
-    DECLINED = "declined"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class Decline:
-    """Why a target is not folded: the rule, the node that broke it, and a sentence."""
-
-    rule: Rule
-    node: str
-    reason: str
 
 
 RuleFn = Callable[[Group, ProgramFacts], dict]

@@ -20,19 +20,17 @@ more on portable than stock does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 import torch.fx
 from torch.export import ExportedProgram
 
 from ..analysis import ProgramFacts, cone_of, is_dequantize
+from ..decision import Decline
 from ..errors import at_node
 from ..validity import sync_output_specs
 from ..analysis.gemms import operand
-
-if TYPE_CHECKING:   # rules imports plan (and so this module); annotations only
-    from ..rules import Decline
 
 aten = torch.ops.aten
 
@@ -49,7 +47,7 @@ class PackedProjection:
     chain: list                  # names of the layout nodes, in graph order
     selects: dict                # part index -> name of the select node that takes it
     part_linears: dict = field(default_factory=dict)   # part index -> new linear's name
-    kept_because: Optional[Decline] = None   # xnnfold.rules.Decline, when undone
+    kept_because: Optional[Decline] = None   # rule split's Decline, when undone
     # the nodes named above, in the program the site was found in: linear, chain, selects
     found: tuple = field(default=(), repr=False, compare=False)
 

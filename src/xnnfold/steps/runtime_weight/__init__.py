@@ -23,7 +23,7 @@ import torch.fx
 
 from ...analysis import is_dequantize, is_metadata_assertion
 from ...analysis.identity import removed_by_decomposition
-from ...rules import Rule, Status
+from ...decision import Rule, Status
 from ...validity import sync_output_specs
 from .config import MARK, is_marked, open_runtime_weight_path  # noqa: F401 - the step's API
 
