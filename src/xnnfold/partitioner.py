@@ -22,7 +22,7 @@ from . import pipeline
 from .dim_order import dim_order_conflicts
 from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
-from .steps.fold import copy_program
+from .program_copy import copy_program
 from .rules import DEFAULT_RULES, RuleSet
 from .steps.runtime_weight import open_runtime_weight_path
 from .shape_env import give_own_shape_env, needs_own_shape_env

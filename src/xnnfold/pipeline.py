@@ -25,7 +25,8 @@ from .steps.mask_index import rewrite_mask_indexing
 from .steps.runtime_weight import mark_runtime_weights
 from .errors import FoldError, StrictFallback, warn_or_raise
 from .steps.fold.evaluate import ConeEvaluator
-from .steps.fold import apply_folds, copy_program, copy_with_nodes
+from .steps.fold import apply_folds
+from .program_copy import copy_program, copy_with_nodes
 from .steps.projections import find_packed_projections, split_packed_projections
 from .validity import StepChecks
 # FoldResult and GemmOperand are part of this module's interface (pipeline.FoldResult)

@@ -13,6 +13,7 @@ from torch import nn
 from xnnfold import analysis, pipeline, rules
 from xnnfold.steps import canonical, projections, runtime_weight
 from xnnfold.steps.fold import plan
+from xnnfold.program_copy import copy_program
 from xnnfold.errors import STRICT_ENV, StrictFallback
 from xnnfold.decision import Rule, Status
 from xnnfold.rules import DEFAULT_RULES
@@ -161,7 +162,7 @@ def test_canonicalize_rewrites_only_exact_linears_and_keeps_values():
     ep = export(Transposed(), torch.randn(2, E))
     x = torch.randn(2, E)
     before = ep.module()(x)
-    program = pipeline.copy_program(ep)
+    program = copy_program(ep)
     rewrites = canonical.canonicalize(program, analysis.find_static(program).static)
     assert [(r.gemm, r.was) for r in rewrites] == [("matmul", "aten.matmul.default"),
                                                    ("addmm", "aten.addmm.default")]

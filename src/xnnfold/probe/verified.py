@@ -19,7 +19,7 @@ from torch.export import ExportedProgram
 
 from ..errors import FoldError, warn_or_raise
 from .fast import FastProbe, consumer_gemms
-from ..steps.fold import copy_program
+from ..program_copy import copy_program
 from .whole import delegated_placeholders, tagged_keys
 from .cut import ProbeUnsupported, param_keys
 from ..shape_env import give_own_shape_env, needs_own_shape_env

@@ -165,8 +165,8 @@ def split_packed_projections(program: ExportedProgram, sites: list, nodes: dict)
     """Rewrite each site in ``program`` in place: one linear per selected part.
 
     ``program`` must be the caller's own copy of the program the sites were found in, and
-    ``nodes`` the map from that program's nodes to ``program``'s (``fold.copy_with_nodes``).
-    Records each new linear's name in its site.
+    ``nodes`` the map from that program's nodes to ``program``'s
+    (``program_copy.copy_with_nodes``). Records each new linear's name in its site.
     """
     graph = program.graph
     for site in sites:
