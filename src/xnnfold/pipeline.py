@@ -31,7 +31,7 @@ from .steps.projections import find_packed_projections, split_packed_projections
 from .validity import StepChecks
 # FoldResult and GemmOperand are part of this module's interface (pipeline.FoldResult)
 from .result import FoldResult, GemmOperand, describe, row_of  # noqa: F401
-from .decision import Decline, Rule
+from .decision import Decline, Found, Rule
 from .rules import DEFAULT_RULES, RuleSet
 
 logger = logging.getLogger("xnnfold")
@@ -104,7 +104,7 @@ def _fold_and_probe(facts: ProgramFacts, probe: Optional[Probe], rule_set: RuleS
     copy of ``facts.ep``; values are evaluated once, for all rounds."""
     program = facts.ep
     operands = find_operands(program, facts)
-    targets = [op.target for op in operands if op.status == "target"]
+    targets = [op.target for op in operands if op.status == Found.TARGET]
     groups = plan.group_fold_nodes(plan.fold_nodes(targets))
     rules.apply(groups, facts, rule_set.before_probe)
     evaluator = ConeEvaluator(facts)
@@ -186,6 +186,6 @@ def _unfolded_rows(ep: ExportedProgram, where: str, why: str) -> list:
         operands = find_operands(ep)
     except Exception:  # noqa: BLE001 - the warning already names the failure
         return []
-    return [row_of(o) if o.status == "plain" else row_of(o, Decline(Rule.INTERNAL, where, why))
-            for o in operands]
+    return [row_of(o) if o.status == Found.PLAIN else
+            row_of(o, Decline(Rule.INTERNAL, where, why)) for o in operands]
 
