@@ -19,6 +19,7 @@ import torch
 from ..analysis import ProgramFacts
 from ..analysis.gemms import op_name
 from ..decision import Decline, Rule, Status
+from ..node_meta import tensor_val
 from ..steps.fold.plan import Group, freed_nodes
 
 
@@ -70,8 +71,8 @@ def whole_group(group: Group, facts: ProgramFacts) -> dict:
 
 
 def _nbytes(node) -> int:
-    val = node.meta.get("val")
-    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
+    val = tensor_val(node)
+    return val.numel() * val.element_size() if val is not None else 0
 
 
 @_rule(Rule.SIZE)

@@ -29,6 +29,7 @@ from torch.export import ExportedProgram
 from ..analysis import ProgramFacts, cone_of, is_dequantize
 from ..decision import Decline
 from ..errors import at_node
+from ..node_meta import tensor_val
 from ..validity import sync_output_specs
 from ..analysis.gemms import operand
 
@@ -71,8 +72,8 @@ def _only_user(node: torch.fx.Node, *targets) -> Optional[torch.fx.Node]:
 
 
 def _rank(node: torch.fx.Node) -> Optional[int]:
-    val = node.meta.get("val")
-    return val.dim() if isinstance(val, torch.Tensor) else None
+    val = tensor_val(node)
+    return val.dim() if val is not None else None
 
 
 def _dim_is(dim, wanted: int, rank: int) -> bool:
@@ -89,8 +90,8 @@ def _static_operand(node: Optional[torch.fx.Node], facts: ProgramFacts) -> bool:
         return True
     if node not in facts.static or _has_dequantize(node, facts):
         return False
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.is_floating_point()
+    val = tensor_val(node)
+    return val is not None and val.is_floating_point()
 
 
 def match(linear: torch.fx.Node, facts: ProgramFacts) -> Optional[PackedProjection]:

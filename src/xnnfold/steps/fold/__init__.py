@@ -20,6 +20,7 @@ from torch.export.graph_signature import InputKind
 
 from ...analysis import is_metadata_assertion
 from ...errors import FoldError, at_node
+from ...node_meta import tensor_val
 from ...program_copy import copy_with_nodes
 from .evaluate import ConeEvaluator, own_storage
 
@@ -65,8 +66,8 @@ def _insertion_point(ep: ExportedProgram) -> torch.fx.Node:
 
 def _checked_value(node: torch.fx.Node, value) -> torch.Tensor:
     """The evaluated value, in its own storage, after checking it is what the graph expects."""
-    expected = node.meta.get("val")
-    if not isinstance(value, torch.Tensor) or not isinstance(expected, torch.Tensor):
+    expected = tensor_val(node)
+    if not isinstance(value, torch.Tensor) or expected is None:
         raise FoldError(node.name, "evaluated to a non-tensor")
     if tuple(value.shape) != tuple(expected.shape) or value.dtype != expected.dtype:
         raise FoldError(node.name, f"evaluated to {tuple(value.shape)} {value.dtype}, the graph "
