@@ -29,6 +29,7 @@ from .steps.fold import apply_folds
 from .program_copy import copy_program, copy_with_nodes
 from .steps.projections import find_packed_projections, split_packed_projections
 from .validity import StepChecks
+from .probe.verified import Verification
 # FoldResult and GemmOperand are part of this module's interface (pipeline.FoldResult)
 from .result import FoldResult, GemmOperand, describe, row_of  # noqa: F401
 from .decision import Decline, Found, Rule
@@ -158,15 +159,18 @@ def check_no_growth(ep: ExportedProgram, result: FoldResult) -> None:
 
 
 def run(ep: ExportedProgram, probe: Optional[Probe],
-        rule_set: RuleSet = DEFAULT_RULES, attention: bool = True) -> FoldResult:
+        rule_set: RuleSet = DEFAULT_RULES, attention: bool = True,
+        verification: Optional[Verification] = None) -> FoldResult:
     """Fold what the rules allow; on any internal failure, warn once and return ``ep``.
-    ``attention``: run the attention step (:mod:`xnnfold.steps.attention`)."""
+    ``attention``: run the attention step (:mod:`xnnfold.steps.attention`). ``verification``:
+    the one the probe reports its answers to, told where the fold ends (its last answer is
+    checked then, or left for a lowering's ``partition()``: a disagreement is a failure of
+    the fold)."""
     try:
         result = _split_and_fold(ep, probe, rule_set, attention)
         check_no_growth(ep, result)
-        settle = getattr(probe, "settle", None)   # a verifying probe's last check
-        if settle is not None:
-            settle(result.program)
+        if verification is not None:
+            verification.fold_done(result.program)
         result.modified = result.program is not ep
         return result
     except StrictFallback:
