@@ -9,7 +9,7 @@ import logging
 
 from torch.export import ExportedProgram
 
-from . import matmul, sdpa
+from . import matmul, sdpa, shared
 from .common import AttentionRewrite, Emitter
 from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK, SDPA
 
@@ -23,6 +23,7 @@ def rewrite_attention(program: ExportedProgram) -> list:
     copy) that XNNPACK takes whole once rewritten; return an :class:`AttentionRewrite` for each
     such node, rewritten or kept."""
     graph, records = program.graph, []
+    before = set(graph.nodes)
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
@@ -45,6 +46,7 @@ def rewrite_attention(program: ExportedProgram) -> list:
                 logger.warning("xnnfold: %s %r %s", op, name, reason)
         records.append(AttentionRewrite(node.name, kept_because=reason, op=op))
     if any(r.rewritten for r in records):
+        shared.merge_repeats(graph, set(graph.nodes) - before)   # one mask, computed once
         graph.lint()
         program.graph_module.recompile()
     return records
