@@ -81,7 +81,6 @@ def test_quantized_whisper_encoder(mode, attention):
 CASES = {
     "self": lambda: models.attention_case("self"),
     "cross": lambda: models.attention_case("cross"),
-    "different-kv": lambda: models.attention_case("kv"),
     "kdim-vdim": lambda: models.attention_case("kv", kdim=12, vdim=10),
     "decoder-layer": lambda: models.decoder_case(),
 }

@@ -41,10 +41,12 @@ import torch
 import torch.fx
 
 aten = torch.ops.aten
-# Ops that only move or view data, between a dequantize and the attention that reads it.
+# Ops that only move or view data, between a dequantize and the attention that reads it
+# (MHA's packed projection: unflatten, unsqueeze, transpose, squeeze, select, view).
 _LAYOUT = (aten.view.default, aten.reshape.default, aten.transpose.int, aten.permute.default,
            aten.contiguous.default, aten.unflatten.int, aten.unsqueeze.default,
-           aten.expand.default, aten.clone.default)
+           aten.expand.default, aten.clone.default, aten.select.int, aten.squeeze.dim,
+           aten.squeeze.dims, aten.slice.Tensor)
 READS_DEQUANTIZED = "reads dequantized int8: the attention in fp32, as the converted module"
 
 
