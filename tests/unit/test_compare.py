@@ -129,6 +129,38 @@ def test_report_marks_a_wrong_pte(monkeypatch, tmp_path, outputs, says):
     assert "e+00" not in rendered and "e-" not in rendered      # no small number instead
 
 
+@pytest.mark.parametrize("off_by, ok", [(0.3, True), (4.0, False)])
+def test_report_judges_a_quantized_model_by_int8_rounding(monkeypatch, tmp_path, off_by, ok):
+    # A PT2E model against its converted module: int8 kernels round otherwise than the
+    # reference by a few percent of the output's range (passes), a wrong value is off by the
+    # range itself (WRONG); with fp32's tolerance both would be WRONG.
+    expected = torch.tensor([[4.0, -1.0, 0.5, 0.0]])
+    outputs = [expected + torch.tensor([[0.0, off_by, 0.0, 0.0]])]
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"pte")
+    lowering = SimpleNamespace(pte_path=str(pte), gemms_outside=0, delegate_calls=1,
+                               delegation={"delegated": 1, "not_delegated": 0,
+                                           "not_delegated_by_op": {}},
+                               lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
+                               gemms=[])
+    monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
+    monkeypatch.setattr(report, "PteRunner", lambda data: _FakeRunner(data, outputs))
+    case = SimpleNamespace(inputs=(torch.zeros(1, 4),))
+    for quantize, verdict in (("static", ok), (None, False)):
+        row, _ = report._lower_row(ModelSource("m", quantize), "xnnfold", case, expected,
+                                   str(tmp_path), False)
+        assert row.outputs_ok is verdict, (quantize, row.mismatch)
+
+
+def test_portable_table_reads_the_etdump_share():
+    rows = [{"model": "m", "variant": "xnnfold",
+             "op_ms": {"XNNPACK delegate": 3.0, "native_layer_norm.out": 1.0}},
+            {"model": "m", "variant": "stock", "op_ms": {"failed": "why"}}]
+    text = tables.portable_table({"rows": rows})
+    assert "4.000" in text and "1.000 (25.0%)" in text and "native_layer_norm.out 1.000" in text
+    assert "stock" not in text
+
+
 def test_report_shows_the_diff_of_a_right_pte():
     row = {"outputs_ok": True, "max_abs_diff": 2.4e-7, "mismatch": None}
     assert tables.outputs_cell(row) == "2.4e-07"

@@ -221,6 +221,10 @@ class PteRunner:
             _load_for_executorch_from_buffer,
         )
         self._buffer = pte   # the loaded module does not own it
+        if b"quantized_decomposed::" in pte:
+            # portable quantize/dequantize left outside delegates (stock's, with a PT2E
+            # program): their kernels register on import, which the lowering process did
+            import executorch.kernels.quantized  # noqa: F401
         self._module = _load_for_executorch_from_buffer(self._buffer)
 
     def run(self, inputs: tuple) -> list:

@@ -137,6 +137,29 @@ def gemm_table(report: dict, model: str, fmt: str = "simple") -> str:
                     tablefmt=fmt, disable_numparse=True)
 
 
+def portable_table(report: dict, fmt: str = "simple") -> str:
+    """Where a run's time goes, from the ETDump of each profiled variant: the total, what runs
+    on portable kernels (its share of the run) and the portable ops that take the most."""
+    from .devtools import DELEGATE
+
+    body = []
+    for r in report["rows"]:
+        ops = r.get("op_ms") or {}
+        if not ops or "failed" in ops:
+            continue
+        total = sum(ops.values())
+        portable = total - ops.get(DELEGATE, 0.0)
+        top = ", ".join(f"{name} {ms:.3f}" for name, ms in ops.items() if name != DELEGATE)
+        body.append([r["model"], r["variant"], f"{total:.3f}",
+                     f"{portable:.3f} ({100 * portable / total if total else 0:.1f}%)",
+                     top[:120]])
+    if not body:
+        return ""
+    return tabulate(body, headers=["model", "variant", "ETDump ms per run", "portable ms (share)",
+                                   "top portable ops (ms)"],
+                    tablefmt=fmt, disable_numparse=True)
+
+
 def markdown(report: dict, charts: bool = True) -> str:
     skipped = "".join(f"- skipped {name}: {why}\n" for name, why in report["skipped"].items())
     gemms = "".join(f"### {name}\n\n{gemm_table(report, name, 'github')}\n\n"
@@ -154,4 +177,5 @@ def markdown(report: dict, charts: bool = True) -> str:
             f"{outside_table(report, 'github')}\n\n"
             f"## GEMMs, in the model's terms\n\n{gemms or 'no GEMM' + chr(10) * 2}"
             f"{latency}\n\n"
-            f"## Where the time goes (ETDump, ms per run)\n\n{operators}\n")
+            f"## Where the time goes (ETDump, ms per run)\n\n{operators}\n\n"
+            f"{portable_table(report, 'github')}\n")
