@@ -14,7 +14,8 @@ element for element, so each ``select`` is replaced by such a linear and the cha
 The row blocks are ``slice`` nodes of ``W`` and ``b``: computed weights like any other, which
 the fold then turns into constants under the same rules. A rewrite whose part linears are not
 all folded and delegated is undone (see :mod:`xnnfold.pipeline`), so the rewrite never leaves
-more on portable than stock does.
+more on portable than stock does. A PT2E-quantized projection (an int8 weight behind a
+dequantize, the output's q/dq) is cut into int8 row blocks the same way: :mod:`.quantized`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.fx
+from executorch.backends.transforms.utils import delete_constant_placeholder
 from torch.export import ExportedProgram
 
 from ...analysis import ProgramFacts, cone_of, is_dequantize
@@ -229,8 +231,6 @@ def _drop_packed(program: ExportedProgram, x: torch.fx.Node, dequantize: torch.f
     """Erase what only the packed int8 linear read: its input's dequantize (copied per part),
     its weight's dequantize, and that one's scales and zero points (each part holds its rows
     of them). The packed int8 tensor itself is the fold's to free, as any folded param."""
-    from executorch.backends.transforms.utils import delete_constant_placeholder
-
     params = dequantize.args[1:3]      # read before erasing: erase_node clears the args
     for node in (x, dequantize):
         if node.op == "call_function" and not node.users:

@@ -34,6 +34,7 @@ from torch.export import ExportedProgram
 
 from ...analysis import ProgramFacts, cone_of, is_dequantize, static_inputs
 from ...analysis.gemms import op_name
+from ..fold import new_constant
 
 
 def _is(node, name: str) -> bool:
@@ -58,8 +59,6 @@ class QuantizedWeight:
              stem: str) -> torch.fx.Node:
         """The dequantized rows ``start:stop``: a slice of the int8 tensor (a fold target), and
         for a per-channel weight the rows' scales and zero points as new constants."""
-        from ..fold import new_constant
-
         dq = self.dequantize
         int8 = dq.args[0]
         rows = graph.create_node("call_function", torch.ops.aten.slice.Tensor,
