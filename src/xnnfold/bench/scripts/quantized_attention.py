@@ -135,17 +135,34 @@ def compare_variants(name: str, ep, inputs: tuple, reference, variants, rounds: 
               f"{Counter(low.ops_outside).most_common(5)}", flush=True)
     medians = {k: statistics.median(v)
                for k, v in time_interleaved(runners, inputs, rounds).items()}
-    base = medians.get(STOCK)
-    for variant, low in lowered.items():
-        ops = operator_times(low.pte, inputs, runs=10)
-        total = sum(ops.values())
-        portable = total - ops.get(DELEGATE, 0.0)
-        top = [(k, round(v, 2)) for k, v in ops.items() if k != DELEGATE][:5]
+    profiles = etdump_interleaved(lowered, inputs)
+    base, base_total = medians.get(STOCK), profiles.get(STOCK, (None,))[0]
+    for variant, (total, portable, top) in profiles.items():
         print(f"{name:24s} {variant:10s} {medians[variant]:8.2f} ms"
               + (f" ({medians[variant] / base:.3f}x stock)" if base else "")
-              + f"; ETDump {total:.2f} ms, portable {portable:.2f} ms "
-                f"({100 * portable / total:.1f}%) {top}", flush=True)
+              + f"; ETDump {total:.2f} ms"
+              + (f" ({total / base_total:.3f}x stock)" if base_total else "")
+              + f", portable {portable:.2f} ms ({100 * portable / total:.1f}%) {top}",
+              flush=True)
     return medians
+
+
+def etdump_interleaved(lowered: dict, inputs: tuple, blocks: int = 5, runs: int = 5) -> dict:
+    """{variant: (ms per run, of which portable, top portable ops)} from ETDumps taken in
+    ``blocks`` rounds that visit every variant in turn (the machine's drift then hits all
+    alike); medians over the blocks."""
+    totals: dict = {v: [] for v in lowered}
+    portables: dict = {v: [] for v in lowered}
+    last: dict = {}
+    for _ in range(blocks):
+        for variant, low in lowered.items():
+            ops = operator_times(low.pte, inputs, runs=runs)
+            totals[variant].append(sum(ops.values()))
+            portables[variant].append(sum(ops.values()) - ops.get(DELEGATE, 0.0))
+            last[variant] = ops
+    return {v: (statistics.median(totals[v]), statistics.median(portables[v]),
+                [(k, round(ms, 2)) for k, ms in last[v].items() if k != DELEGATE][:5])
+            for v in lowered}
 
 
 def run_whisper(rounds: int) -> None:
