@@ -117,7 +117,7 @@ def test_report_marks_a_wrong_pte(monkeypatch, tmp_path, outputs, says):
                                delegation={"delegated": 1, "not_delegated": 0,
                                            "not_delegated_by_op": {}},
                                lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
-                               gemms=[])
+                               gemms=[], run_error=None)
     monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
     monkeypatch.setattr(report, "PteRunner", lambda data: _FakeRunner(data, outputs))
     case = SimpleNamespace(inputs=(torch.zeros(1, 4),))
@@ -129,11 +129,32 @@ def test_report_marks_a_wrong_pte(monkeypatch, tmp_path, outputs, says):
     assert "e+00" not in rendered and "e-" not in rendered      # no small number instead
 
 
-@pytest.mark.parametrize("off_by, ok", [(0.3, True), (4.0, False)])
+def test_report_shows_a_pte_that_does_not_run_as_failed(monkeypatch, tmp_path):
+    """The lowering's process ran the .pte and it failed (or aborted): the row is failed with
+    that reason, and the parent never loads it."""
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"pte")
+    lowering = SimpleNamespace(pte_path=str(pte), gemms_outside=0, delegate_calls=1,
+                               delegation={"delegated": 1, "not_delegated": 0,
+                                           "not_delegated_by_op": {}},
+                               lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
+                               gemms=[], run_error="the .pte does not run on the ExecuTorch "
+                               "runtime: its process was killed by SIGABRT")
+    monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
+    monkeypatch.setattr(report, "PteRunner", lambda data: pytest.fail("loaded a failed .pte"))
+    row, runner = report._lower_row(ModelSource("m"), "xnnfold", SimpleNamespace(inputs=()),
+                                    torch.zeros(1), str(tmp_path), False)
+    assert runner is None and row.error == lowering.run_error and row.pte_bytes == 3
+    rendered = tables.table({"rows": [report._row_dict(row, [row])]})
+    assert "failed [1]" in rendered and "\n[1] the .pte does not run on the ExecuTorch " \
+           "runtime: its process was killed by SIGABRT" in rendered, rendered
+
+
+@pytest.mark.parametrize("off_by, ok", [(0.1, True), (4.0, False)])
 def test_report_judges_a_quantized_model_by_int8_rounding(monkeypatch, tmp_path, off_by, ok):
     # A PT2E model against its converted module: int8 kernels round otherwise than the
-    # reference by a few percent of the output's range (passes), a wrong value is off by the
-    # range itself (WRONG); with fp32's tolerance both would be WRONG.
+    # reference by a few int8 steps (passes), a wrong value is off by the output's range
+    # (WRONG); with fp32's tolerance both would be WRONG.
     expected = torch.tensor([[4.0, -1.0, 0.5, 0.0]])
     outputs = [expected + torch.tensor([[0.0, off_by, 0.0, 0.0]])]
     pte = tmp_path / "model.pte"
@@ -142,7 +163,7 @@ def test_report_judges_a_quantized_model_by_int8_rounding(monkeypatch, tmp_path,
                                delegation={"delegated": 1, "not_delegated": 0,
                                            "not_delegated_by_op": {}},
                                lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
-                               gemms=[])
+                               gemms=[], run_error=None)
     monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
     monkeypatch.setattr(report, "PteRunner", lambda data: _FakeRunner(data, outputs))
     case = SimpleNamespace(inputs=(torch.zeros(1, 4),))
@@ -150,15 +171,6 @@ def test_report_judges_a_quantized_model_by_int8_rounding(monkeypatch, tmp_path,
         row, _ = report._lower_row(ModelSource("m", quantize), "xnnfold", case, expected,
                                    str(tmp_path), False)
         assert row.outputs_ok is verdict, (quantize, row.mismatch)
-
-
-def test_portable_table_reads_the_etdump_share():
-    rows = [{"model": "m", "variant": "xnnfold",
-             "op_ms": {"XNNPACK delegate": 3.0, "native_layer_norm.out": 1.0}},
-            {"model": "m", "variant": "stock", "op_ms": {"failed": "why"}}]
-    text = tables.portable_table({"rows": rows})
-    assert "4.000" in text and "1.000 (25.0%)" in text and "native_layer_norm.out 1.000" in text
-    assert "stock" not in text
 
 
 def test_report_shows_the_diff_of_a_right_pte():
@@ -175,3 +187,23 @@ def test_no_max_abs_diff_helper_left():
     users = [p for folder in ("src", "tests", "bench") for p in (root / folder).rglob("*.py")
              if "max_abs_diff(" in p.read_text() and p.name != "test_compare.py"]
     assert users == [], users
+
+
+def test_check_pte_says_why_a_pte_fails(monkeypatch):
+    """lower --check's verdict (xnnfold.bench.isolated.check_pte), the run faked: outputs that
+    differ, int8 outputs within 3% of the largest, a .pte that does not run."""
+    from xnnfold.bench import isolated
+    expected = torch.tensor([10.0, -4.0])
+    monkeypatch.setattr(isolated, "run_isolated", lambda path, inputs: [expected + 0.2])
+    verdict = isolated.check_pte("m.pte", (), expected)
+    assert not verdict.ok and verdict.reason.startswith(
+        "its outputs differ from eager's: output 0: max abs diff 0.2"), verdict.reason
+    assert isolated.check_pte("m.pte", (), expected, quantized=True).ok     # 0.2 < 0.3
+
+    def fails(path, inputs):
+        raise RuntimeError("the .pte does not run on the ExecuTorch runtime: its process was "
+                           "killed by SIGABRT")
+    monkeypatch.setattr(isolated, "run_isolated", fails)
+    verdict = isolated.check_pte("m.pte", (), expected)
+    assert not verdict.ok and verdict.reason.endswith("killed by SIGABRT"), verdict
+

@@ -1,14 +1,16 @@
 """The steps of the pass, in the order a program takes them (see :mod:`xnnfold.pipeline`):
 
-1. :mod:`.attention` — each ``scaled_dot_product_attention`` and batched ``matmul`` of
+1. :mod:`.mask_index` — indexing by ``torch.where(mask)`` rewritten as indexing by ``mask``
+   (the ``nonzero`` it decomposes into gives a .pte the ExecuTorch 1.5.1 runtime refuses);
+2. :mod:`.attention` — each ``scaled_dot_product_attention`` and batched ``matmul`` of
    activations rewritten into ops XNNPACK takes (no safe-softmax, expand or scale glue left on
    portable), where that is exact; masked rows keep eager's zeros;
-2. :mod:`.canonical` — GEMMs with a transposed weight (``addmm(b, x, W.t())``, ``x @ W.T``)
+3. :mod:`.canonical` — GEMMs with a transposed weight (``addmm(b, x, W.t())``, ``x @ W.T``)
    rewritten as ``linear``, so that one constant serves every form;
-3. :mod:`.projections` — MHA's packed in-projection split into one linear per part;
-4. :mod:`.fold` — the static computation of each GEMM's weight and bias, planned in groups,
+4. :mod:`.projections` — MHA's packed in-projection split into one linear per part;
+5. :mod:`.fold` — the static computation of each GEMM's weight and bias, planned in groups,
    judged by :mod:`xnnfold.rules` and the probe (:mod:`xnnfold.probe`), folded into constants;
-5. :mod:`.runtime_weight` — the linears whose weight cannot be a plain constant, marked to be
+6. :mod:`.runtime_weight` — the linears whose weight cannot be a plain constant, marked to be
    delegated with a run-time weight.
 
 Each step is a module named after it; ``explain`` names the step that changed each GEMM. What

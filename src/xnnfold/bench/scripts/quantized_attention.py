@@ -18,49 +18,54 @@ Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is what users run.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
+import sys
 from collections import Counter
+
+from xnnfold.bench.scripts import parser
 
 os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
-from xnnfold.bench import models  # noqa: E402
-from xnnfold.bench.devtools import DELEGATE, operator_times  # noqa: E402
-from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD, PteRunner, lower  # noqa: E402
-from xnnfold.bench.side_by_side import time_interleaved  # noqa: E402
+def build_parser():
+    args = parser(__file__, __doc__)
+    args.add_argument("part", choices=["whisper", "models", "mha", "layer-norm"],
+                      help="the issue's Whisper encoder (static and dynamic), ViT / BERT / "
+                      "wav2vec2 (static), the MHA cases against the per-part ideal, or the "
+                      "LayerNorm candidates")
+    args.add_argument("--rounds", type=int, default=30, help="interleaved timed rounds")
+    return args
 
 
-def quantized(model: nn.Module, inputs: tuple, mode: str):
+def quantized(model, inputs: tuple, mode: str):
     """The converted module (XNNPACK's quantizer, per channel, ``is_dynamic`` for "dynamic"),
-    calibrated on ``inputs``."""
-    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-        XNNPACKQuantizer, get_symmetric_quantization_config)
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    calibrated on ``inputs``: the report's ``--quantize`` (:mod:`xnnfold.bench.sources`)."""
+    from xnnfold.bench.models import Case
+    from xnnfold.bench.sources import _quantized
 
-    config = get_symmetric_quantization_config(is_per_channel=True,
-                                               is_dynamic=mode == "dynamic")
-    prepared = prepare_pt2e(torch.export.export(model, inputs).module(),
-                            XNNPACKQuantizer().set_global(config))
-    with torch.no_grad():
-        prepared(*inputs)
-    return convert_pt2e(prepared)
+    return _quantized(Case("model", model, inputs), mode, "model").model
 
 
-class _First(nn.Module):
-    def __init__(self, model, output="last_hidden_state"):
-        super().__init__()
-        self.model, self.output = model, output
+def _first(model, output="last_hidden_state"):
+    """``model`` returning one tensor: ``output`` of its transformers output."""
+    from torch import nn
 
-    def forward(self, *args):
-        return getattr(self.model(*args, return_dict=True), self.output)
+    class First(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            return getattr(self.model(*args, return_dict=True), output)
+
+    return First().eval()
 
 
 def whisper_encoder(frames: int = 600, layers: int = 2):
     """The issue's model: transformers' Whisper encoder, d_model 384, 6 heads, ffn 1536."""
+    import torch
+    from torch import nn
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
@@ -84,31 +89,34 @@ def whisper_encoder(frames: int = 600, layers: int = 2):
 
 
 def vit():
+    import torch
     from transformers import ViTConfig, ViTModel
     torch.manual_seed(0)
     config = ViTConfig(image_size=128, patch_size=16, hidden_size=192, num_hidden_layers=4,
                        num_attention_heads=3, intermediate_size=768)
-    return _First(ViTModel(config, add_pooling_layer=False)).eval(), (torch.randn(1, 3, 128, 128),)
+    return _first(ViTModel(config, add_pooling_layer=False)), (torch.randn(1, 3, 128, 128),)
 
 
 def bert():
+    import torch
     from transformers import BertConfig, BertModel
     torch.manual_seed(0)
     config = BertConfig(vocab_size=1000, hidden_size=256, num_hidden_layers=4,
                         num_attention_heads=4, intermediate_size=1024,
                         max_position_embeddings=256)
-    return _First(BertModel(config, add_pooling_layer=False)).eval(), \
+    return _first(BertModel(config, add_pooling_layer=False)), \
         (torch.randint(0, 1000, (1, 128)),)
 
 
 def wav2vec2():
+    import torch
     from transformers import Wav2Vec2Config, Wav2Vec2Model
     torch.manual_seed(0)
     config = Wav2Vec2Config(hidden_size=192, num_hidden_layers=4, num_attention_heads=4,
                             intermediate_size=768, conv_dim=(64, 64, 64), conv_stride=(5, 4, 4),
                             conv_kernel=(10, 4, 4), num_conv_pos_embeddings=16,
                             num_conv_pos_embedding_groups=4)
-    return _First(Wav2Vec2Model(config)).eval(), (torch.randn(1, 16000),)
+    return _first(Wav2Vec2Model(config)), (torch.randn(1, 16000),)
 
 
 MODELS = {"vit": vit, "bert": bert, "wav2vec2": wav2vec2}
@@ -116,6 +124,9 @@ MODELS = {"vit": vit, "bert": bert, "wav2vec2": wav2vec2}
 
 def compare_variants(name: str, ep, inputs: tuple, reference, variants, rounds: int) -> dict:
     """Lower, check against ``reference``, time interleaved, profile; print one line each."""
+    from xnnfold.bench.measure import STOCK, PteRunner, lower
+    from xnnfold.bench.side_by_side import time_interleaved
+
     lowered, runners = {}, {}
     for variant in variants:
         try:
@@ -151,6 +162,8 @@ def etdump_interleaved(lowered: dict, inputs: tuple, blocks: int = 5, runs: int 
     """{variant: (ms per run, of which portable, top portable ops)} from ETDumps taken in
     ``blocks`` rounds that visit every variant in turn (the machine's drift then hits all
     alike); medians over the blocks."""
+    from xnnfold.bench.devtools import DELEGATE, operator_times
+
     totals: dict = {v: [] for v in lowered}
     portables: dict = {v: [] for v in lowered}
     last: dict = {}
@@ -166,6 +179,9 @@ def etdump_interleaved(lowered: dict, inputs: tuple, blocks: int = 5, runs: int 
 
 
 def run_whisper(rounds: int) -> None:
+    import torch
+    from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD
+
     for mode in ("static", "dynamic"):
         model, inputs = whisper_encoder()
         converted = quantized(model, inputs, mode)
@@ -176,6 +192,9 @@ def run_whisper(rounds: int) -> None:
 
 
 def run_models(rounds: int) -> None:
+    import torch
+    from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD
+
     for name, build in MODELS.items():
         model, inputs = build()
         converted = quantized(model, inputs, "static")
@@ -188,6 +207,10 @@ def run_models(rounds: int) -> None:
 def run_mha() -> None:
     """Delegate calls, int8 weights, .pte and outputs: the MHA cases, stock and xnnfold, and
     the per-part ideal (separate q/k/v linears) lowered with both."""
+    import torch
+    from xnnfold.bench import models
+    from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower
+
     cases = {"self": lambda: models.attention_case("self"),
              "cross": lambda: models.attention_case("cross"),
              "different k/v": lambda: models.attention_case("kv"),
@@ -222,6 +245,7 @@ def decompose_layer_norms(program, how: str):
     """A copy of ``program`` with each last-dim ``layer_norm`` written with ops XNNPACK takes:
     ``how`` = "mean-dim" (mean.dim over [2, 3] of a [1, rows, D, 1] view) or "linear" (the
     means as linears with a constant 1/D row)."""
+    import torch
     from xnnfold.steps.attention.common import Emitter, reshape_arg, val
     from xnnfold.steps.fold import copy_program, new_constant
 
@@ -261,6 +285,11 @@ def decompose_layer_norms(program, how: str):
 
 
 def run_layer_norm(rounds: int) -> None:
+    import torch
+    from torch import nn
+    from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower
+    from xnnfold.bench.side_by_side import time_interleaved
+
     torch.manual_seed(0)
     norm = nn.LayerNorm(384)
     nn.init.normal_(norm.weight)
@@ -302,16 +331,15 @@ def run_layer_norm(rounds: int) -> None:
                   f"({median / medians['native']:.3f}x native)", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["whisper", "models", "mha", "layer-norm"])
-    parser.add_argument("--rounds", type=int, default=30)
-    args = parser.parse_args()
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
     torch.set_num_threads(1)
     import executorch.kernels.quantized  # noqa: F401 - the quantized ops' out variants
     {"whisper": lambda: run_whisper(args.rounds), "models": lambda: run_models(args.rounds),
      "mha": run_mha, "layer-norm": lambda: run_layer_norm(args.rounds)}[args.part]()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

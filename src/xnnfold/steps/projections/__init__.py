@@ -30,6 +30,7 @@ from torch.export import ExportedProgram
 
 from ...analysis import ProgramFacts, cone_of, is_dequantize
 from ...errors import at_node
+from ...validity import sync_output_specs
 from ...analysis.gemms import operand
 from . import quantized
 
@@ -190,6 +191,7 @@ def split_packed_projections(program: ExportedProgram, sites: list, nodes: dict)
             _split(program, site, linear, chain, selects, nodes)
     graph.lint()
     program.graph_module.recompile()
+    sync_output_specs(program)     # a part the model returns is a new linear now
 
 
 def _split(program: ExportedProgram, site: PackedProjection, linear: torch.fx.Node,
