@@ -140,10 +140,19 @@ def compare_variants(name: str, ep, inputs: tuple, reference, variants, rounds: 
             runners.pop(variant, None)
             continue
         low = lowered[variant]
+        diff = (out - reference).abs().max().item()
         print(f"{name:24s} {variant:10s} delegate calls {low.delegate_calls:3d}, ops outside "
               f"{len(low.ops_outside):3d}, .pte {low.pte_bytes:,} B, max abs diff from the "
-              f"converted module {(out - reference).abs().max().item():.3g}; outside: "
-              f"{Counter(low.ops_outside).most_common(5)}", flush=True)
+              f"converted module {diff:.3g} ({100 * diff / reference.abs().max().item():.2f}% "
+              f"of its largest output); outside: {Counter(low.ops_outside).most_common(5)}",
+              flush=True)
+        if STOCK in lowered and variant != STOCK:
+            # the calibrated quantization kept: XNNPACK takes as quantized what it takes so
+            # for stock (the attention between computes in fp32, as the converted module)
+            same = low.quantized_ops == lowered[STOCK].quantized_ops
+            print(f"{name:24s} {variant:10s} ops taken as quantized: "
+                  f"{'the same as stock' if same else 'DIFFERENT from stock'} "
+                  f"{low.quantized_ops}", flush=True)
     medians = {k: statistics.median(v)
                for k, v in time_interleaved(runners, inputs, rounds).items()}
     profiles = etdump_interleaved(lowered, inputs)
