@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import check_lowering, expect, DelegateCalls
+from conftest import check_lowering
 from test_attention import GLUE
 from xnnfold.bench import models
 from xnnfold.bench.measure import XNNFOLD, lower, run_pte
@@ -117,8 +117,7 @@ def test_without_the_int8_split_the_mha_layout_chain_stays_on_portable(monkeypat
     case = CASES["self"]()
     converted = quantized(case.model, case.inputs, "static")
     checked = check_lowering(converted, case.inputs, tol=TOL)
-    with pytest.raises(DelegateCalls):
-        expect(checked.folded.delegate_calls <= 1, DelegateCalls,
-               f"{checked.folded.delegate_calls} delegate calls")
+    # what the positive test asks (the ideal's 1 delegate call, no packed int8 matrix) fails
+    assert checked.folded.delegate_calls > 1, checked.folded.delegate_calls
     assert "aten.select_copy.int" in checked.folded.ops_outside
     assert ((48, 16)) in int8_weights(checked.folded)
