@@ -255,8 +255,10 @@ def decompose_layer_norms(program, how: str):
     ``how`` = "mean-dim" (mean.dim over [2, 3] of a [1, rows, D, 1] view) or "linear" (the
     means as linears with a constant 1/D row)."""
     import torch
-    from xnnfold.steps.attention.common import Emitter, reshape_arg, val
-    from xnnfold.steps.fold import copy_program, new_constant
+    from xnnfold.node_meta import tensor_val
+    from xnnfold.steps.attention.common import Emitter, reshape_arg
+    from xnnfold.program_copy import copy_program
+    from xnnfold.steps.fold import new_constant
 
     aten = torch.ops.aten
     program = copy_program(program)
@@ -281,7 +283,7 @@ def decompose_layer_norms(program, how: str):
         out = emit(aten.mul.Tensor, centered,
                    emit(aten.rsqrt.default, emit(aten.add.Tensor, variance, eps)))
         if how == "mean-dim":
-            out = emit(aten.reshape.default, out, reshape_arg(list(val(node).shape)))
+            out = emit(aten.reshape.default, out, reshape_arg(list(tensor_val(node).shape)))
         if weight is not None:
             out = emit(aten.mul.Tensor, out, weight)
         if bias is not None:
