@@ -13,6 +13,7 @@ from torch import nn
 
 from conftest import LAYOUT_OPS, Sdpa, check_lowering
 from test_quantized import activation_bound, quantize
+from xnnfold.bench import models
 
 E, HEADS, B, L, S = 16, 2, 2, 5, 7
 SCORES = B * HEADS * L * S
@@ -199,15 +200,16 @@ def test_dynamic_length(bounded):
 @pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic-int8", "static-int8"])
 def test_quantized_attention(dynamic):
     # PT2E: the q/dq pairs sit around the linears; the attention between them reads fp32
-    # activations (static: through MHA's select / squeeze, which stay on portable) and is
-    # rewritten like an fp32 one.
+    # activations (static: dequantized, through MHA's layout chain) and is rewritten like an
+    # fp32 one.
     torch.manual_seed(0)
     model, inputs = Mha().eval(), (torch.randn(B, L, E),)
     converted = quantize(model, inputs, dynamic=dynamic)
     tol = 4 * activation_bound(inputs, [model.mha.in_proj_weight, model.mha.out_proj.weight]) \
         if dynamic else 1e-5
     checked = check_lowering(converted, inputs, tol=tol)
-    assert_no_glue(checked, ["no mask"])
+    static = "; reads dequantized int8: the attention in fp32, as the converted module"
+    assert_no_glue(checked, ["no mask" + ("" if dynamic else static)])
 
 
 def test_without_the_step_the_glue_comes_back():
@@ -218,3 +220,15 @@ def test_without_the_step_the_glue_comes_back():
     assert checked.fold.attention == []
     assert {"aten.eq.Scalar", "aten.where.self", "aten.mul.Scalar"} <= \
         set(checked.folded.ops_outside), checked.folded.ops_outside
+
+
+def test_a_view_that_relies_on_sdpa_output_layout_lowers():
+    # Heads laid out as MHA lays them out, then ``.permute(2, 0, 1, 3).contiguous().view()``
+    # (the ideal rewrite's own body, and common hand-written attention): traced on SDPA's
+    # output strides, where the contiguous is a no-op. Before the users were restrided, the
+    # rewrite's contiguous output made run_decompositions raise ("Cannot view a tensor ...")
+    # inside to_edge_transform_and_lower, where stock lowers.
+    case = models.attention_case("self")
+    checked = check_lowering(case.ideal, case.inputs)
+    assert [a.proven for a in checked.fold.attention] == ["no mask"]
+    assert checked.folded.delegate_calls == 1

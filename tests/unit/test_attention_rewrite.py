@@ -134,22 +134,23 @@ def test_dynamic_length_is_rewritten_with_one_inferred_dim_per_reshape():
     torch.testing.assert_close(copy.module()(*longer), Sdpa(is_causal=True)(*longer))
 
 
-def test_a_dequantized_query_is_left_as_it_was():
+def test_a_dequantized_query_is_rewritten_and_explain_says_so():
+    # The converted module computes the attention in fp32 on the dequantized values: so does
+    # the rewrite (tests/unit/test_quantized_attention.py checks what XNNPACK makes of it).
     q, k, v = qkv()
-
-    def body(q, k, v):
-        q = torch.ops.quantized_decomposed.dequantize_per_tensor.default(
-            q, 0.1, 0, -128, 127, torch.int8)
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k, v)
 
     class Deq(nn.Module):
         def forward(self, q, k, v):
-            return body(q, k, v)
+            q = torch.ops.quantized_decomposed.dequantize_per_tensor.default(
+                q, 0.1, 0, -128, 127, torch.int8)
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k, v)
 
     import executorch.exir.passes.quant_fusion_pass  # noqa: F401 - registers quantized_decomposed
     qi = torch.randint(-128, 127, (B, L, H, D), dtype=torch.int8)
-    _, _, records = rewritten(Deq(), (qi, k, v))
-    assert "dequantized" in records[0].kept_because
+    _, copy, records = rewritten(Deq(), (qi, k, v))
+    assert [r.proven for r in records] == \
+        [f"{attention.NO_MASK}; {attention.quantized.READS_DEQUANTIZED}"]
+    torch.testing.assert_close(copy.module()(qi, k, v), Deq()(qi, k, v))
 
 
 def test_pipeline_runs_the_step_explain_names_it_and_the_flag_turns_it_off():
@@ -212,3 +213,37 @@ def test_a_rewrite_that_fails_half_way_leaves_the_node_as_it_was(monkeypatch, ca
     assert [n.target for n in copy.graph.nodes] == [n.target for n in ep.graph.nodes]
     assert any("boom" in r.getMessage() for r in caplog.records if r.name == "xnnfold")
     torch.testing.assert_close(copy.module()(*inputs), Sdpa(is_causal=True)(*inputs))
+
+
+class TwoLayers(nn.Module):
+    """Two attentions reading one mask, as every layer of a transformers encoder does."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, q, k, v, mask=None):
+        first = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **self.kwargs)
+        return F.scaled_dot_product_attention(first, k, v, attn_mask=mask, **self.kwargs)
+
+
+@pytest.mark.parametrize("kwargs, mask, op", [
+    ({}, bool_mask_with_empty_row(), torch.ops.aten.where.self),
+    ({"is_causal": True}, None, torch.ops.aten.tril.default),
+], ids=["bool-mask", "causal"])
+def test_a_mask_read_by_several_attentions_is_prepared_once(kwargs, mask, op):
+    q, k, v = qkv()
+    inputs = (q, k, v) + ((mask,) if mask is not None else ())
+    module = TwoLayers(**kwargs)
+    _, copy, records = rewritten(module, inputs)
+    assert all(r.rewritten for r in records) and len(records) == 2
+    assert [n.target for n in copy.graph.nodes].count(op) == 1
+    torch.testing.assert_close(copy.module()(*inputs), module(*inputs), atol=1e-6, rtol=1e-5)
+
+
+def test_without_merging_each_attention_prepares_the_mask_again(monkeypatch):
+    # The negative test of shared.merge_repeats: the count it makes 1 is 2 without it.
+    monkeypatch.setattr(attention.shared, "merge_repeats", lambda graph, created: 0)
+    q, k, v = qkv()
+    _, copy, _ = rewritten(TwoLayers(), (q, k, v, bool_mask_with_empty_row()))
+    assert [n.target for n in copy.graph.nodes].count(torch.ops.aten.where.self) == 2

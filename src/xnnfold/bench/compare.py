@@ -30,10 +30,13 @@ DEFAULT_TOLERANCE = {
 
 # A PT2E int8 model's .pte against its converted module in eager: XNNPACK computes in int8
 # where eager simulates the quantization in fp32 (dynamic: it quantizes each activation per
-# call), so outputs differ by some quantization steps: an absolute tolerance of this share of
-# the largest |output| (measured 2026-12-05: 0.7-0.9% for stock and xnnfold on the report's
-# models and a TransformerDecoderLayer, dynamic; 0 static).
-QUANTIZED_ATOL_SHARE = 0.03
+# call), so outputs differ by some quantization steps, carried through the layers: an absolute
+# tolerance of this share of the largest |output|. Measured, stock's own .pte (xnnfold's is
+# the same): dynamic 0.7-0.9% (the report's models, a TransformerDecoderLayer; 2026-12-05);
+# static, transformers from configs (xnnfold bench quantized-attention, 2026-12-05): ViT 5.5%,
+# wav2vec2 4.1%, Whisper encoder 1.6%, BERT 1.6%. A wrong value (rows, scales or parts mixed
+# up) is off by about the output's range.
+QUANTIZED_ATOL_SHARE = 0.1
 
 
 def quantized_tolerance(expected) -> dict:

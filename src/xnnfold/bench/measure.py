@@ -53,6 +53,7 @@ class Lowered:
     delegation: dict = None            # devtools.delegation(): ops in and out, by op type
     gemm_sources_outside: list = None  # (node, "module (Class)") of each GEMM outside delegates
     largest_outside: dict = None       # {op name outside delegates: its largest output numel}
+    quantized_ops: dict = None         # {op name: how many XNNPACK took as quantized ops}
 
     @property
     def pte_bytes(self) -> int:
@@ -142,10 +143,34 @@ def lower(ep: ExportedProgram, variant: str = XNNFOLD, partitioner_kwargs: Optio
     delegated = delegation(edge.exported_program().graph_module)
     outside = _gemm_sources_outside(edge.exported_program())
     largest = _largest_outside(edge.exported_program())
+    quantized = taken_as_quantized(edge.exported_program())
     start += time.perf_counter() - paused
     pte = edge.to_executorch().buffer
     return Lowered(variant, pte, ops, calls, constants, kept, time.perf_counter() - start,
-                   getattr(partitioner, "last_result", None), delegated, outside, largest)
+                   getattr(partitioner, "last_result", None), delegated, outside, largest,
+                   quantized)
+
+
+def taken_as_quantized(edge_program: ExportedProgram) -> dict:
+    """{op name: count} of the ops inside delegates that XNNPACK takes as quantized ones: those
+    reading a dequantize it fused into them (tagged as an implicit q/dq by its partitioner
+    configs, ``tag_as_implicit_q_dq``); the other ops of a delegate compute in fp32."""
+    from executorch.backends.xnnpack.utils.quant_utils import (
+        is_dequant, is_quant, is_tagged_as_implicit_q_dq)
+
+    counts: dict = {}
+    module = edge_program.graph_module
+    for node in edge_program.graph.nodes:
+        if node.op != "get_attr" or not node.target.startswith("lowered_module"):
+            continue
+        for inner in getattr(module, node.target).original_module.graph.nodes:
+            if inner.op != "call_function" or is_quant(inner) or is_dequant(inner):
+                continue
+            if any(is_dequant(i) and is_tagged_as_implicit_q_dq(i)
+                   for i in inner.all_input_nodes):
+                name = op_name(inner.target)
+                counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _gemm_sources_outside(edge_program: ExportedProgram) -> list:

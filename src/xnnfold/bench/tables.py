@@ -185,10 +185,12 @@ def operator_table(report: dict, fmt: str = "simple") -> str:
             total = sum(values)
             parts = ", ".join(f"{op} {ms(part)}" for op, part in zip(categories, values)
                               if part >= 0.001 * total)
-            body.append([name, variant, ms(total), parts])
+            # categories[0] is the delegate: the rest is what portable kernels take
+            portable = f"{100 * (1 - values[0] / total):.1f}%" if total else "-"
+            body.append([name, variant, ms(total), portable, parts])
     if not body:
         return ""
-    return tabulate(body, headers=["model", "variant", "latency ms (median)",
+    return tabulate(body, headers=["model", "variant", "latency ms (median)", "on portable",
                                    "ms by XNNPACK delegate / portable op (ETDump shares)"],
                     tablefmt=fmt, disable_numparse=True)
 

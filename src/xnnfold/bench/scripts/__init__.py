@@ -22,6 +22,7 @@ SCRIPTS = {
     "attention-glue": "attention_glue",
     "tied-models": "tied_models",
     "lowering-isolated": "lowering_isolated",
+    "quantized-attention": "quantized_attention",
 }
 
 

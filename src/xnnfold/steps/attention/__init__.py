@@ -11,7 +11,7 @@ from torch.export import ExportedProgram
 
 from ...errors import warn_or_raise
 from ...validity import sync_output_specs
-from . import matmul, sdpa
+from . import matmul, sdpa, shared
 from .common import AttentionRewrite, Emitter
 from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK, SDPA
 
@@ -25,6 +25,7 @@ def rewrite_attention(program: ExportedProgram) -> list:
     copy) that XNNPACK takes whole once rewritten; return an :class:`AttentionRewrite` for each
     such node, rewritten or kept."""
     graph, records = program.graph, []
+    before = set(graph.nodes)
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
@@ -49,6 +50,7 @@ def rewrite_attention(program: ExportedProgram) -> list:
             warn_or_raise(logger, "xnnfold: %s %r %s", op, name, reason)
         records.append(AttentionRewrite(name, kept_because=reason, op=op))
     if any(r.rewritten for r in records):
+        shared.merge_repeats(graph, set(graph.nodes) - before)   # one mask, computed once
         graph.lint()
         program.graph_module.recompile()
         sync_output_specs(program)     # an attention the model returns is a new node now

@@ -11,12 +11,6 @@ import torch.fx
 from torch._guards import detect_fake_mode
 
 aten = torch.ops.aten
-# Ops that only move or view data and that XNNPACK may take into the attention's delegate: a
-# dequantize behind them would make XNNPACK see the attention's first ops as quantized ones.
-# (``select`` and ``squeeze``, which XNNPACK does not take, end such a chain on portable.)
-_LAYOUT = (aten.view.default, aten.reshape.default, aten.transpose.int, aten.permute.default,
-           aten.contiguous.default, aten.unflatten.int, aten.unsqueeze.default,
-           aten.expand.default, aten.clone.default)
 MAX_RANK = 6      # XNNPACK's tensors have at most 6 dims (XNN_MAX_TENSOR_DIMS)
 _COPIED_META = ("nn_module_stack", "stack_trace", "source_fn_stack")
 
@@ -55,17 +49,6 @@ def reshape_arg(shape) -> Optional[list]:
     if len(dynamic) > 1:
         return None
     return [-1 if i in dynamic else d for i, d in enumerate(shape)]
-
-
-def dequantized(node) -> bool:
-    """True if ``node`` is, through layout ops only, the output of a dequantize."""
-    while isinstance(node, torch.fx.Node) and node.op == "call_function":
-        if "dequantize" in str(node.target):
-            return True
-        if node.target not in _LAYOUT:
-            return False
-        node = node.args[0]
-    return False
 
 
 class Emitter:

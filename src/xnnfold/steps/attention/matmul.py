@@ -18,8 +18,10 @@ from typing import Optional
 import torch
 import torch.fx
 
+from . import quantized
 from ...node_meta import tensor_val
-from .common import MAX_RANK, Emitter, dequantized, reshape_arg, static_shape
+from .common import MAX_RANK, Emitter, reshape_arg, static_shape
+from .restride import replace_uses
 
 aten = torch.ops.aten
 MATMUL = aten.matmul.default
@@ -50,8 +52,6 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
                 "most one")
     if 0 in a.shape or 0 in b.shape:
         return "empty operand"
-    if any(dequantized(x) for x in node.args):
-        return "an operand is dequantized: XNNPACK would take its ops as quantized ones"
     return None
 
 
@@ -80,6 +80,6 @@ def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
     batch = math.prod(lead)
     product = emit(aten.bmm.default, _as_3d(emit, a, batch), _as_3d(emit, b, batch))
     out = emit(aten.reshape.default, product, reshape_arg(lead + list(tensor_val(node).shape[-2:])))
-    node.replace_all_uses_with(out)
+    replace_uses(node, out)      # the users' strides kept traceable
     emit.graph.erase_node(node)
-    return SAME_BATCH
+    return quantized.note(SAME_BATCH, (a, b))

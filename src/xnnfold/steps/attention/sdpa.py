@@ -20,7 +20,8 @@ finite q and k that happens only where a mask blocks the whole row:
   as eager gives.
 
 An attention XNNPACK would not take whole in this form (dtype, dropout, broadcast batch dims,
-dynamic sizes, a quantized pattern around it) is left exactly as it was, and says why.
+dynamic sizes) is left exactly as it was, and says why. q, k and v dequantized from int8
+(a PT2E program) are rewritten alike: see :mod:`.quantized`.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from typing import Optional
 import torch
 import torch.fx
 
+from . import quantized
 from ...node_meta import tensor_val
-from .common import MAX_RANK, Emitter, dequantized, reshape_arg, static_shape
+from .common import MAX_RANK, Emitter, reshape_arg, static_shape
+from .restride import replace_uses
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
@@ -73,8 +76,6 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
                 f"{tuple(v.shape[:-2])} differ (broadcast or grouped-query attention)")
     if k.shape[-1] != q.shape[-1] or 0 in q.shape or 0 in k.shape or 0 in v.shape:
         return "empty or mismatched q, k, v sizes"
-    if any(dequantized(a[n]) for n in ("query", "key", "value")):
-        return "q, k or v is dequantized: XNNPACK would take its ops as quantized ones"
     mask = a["attn_mask"]
     if mask is not None:
         if a["is_causal"]:
@@ -167,6 +168,6 @@ def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
     out = reshape(emit(aten.bmm.default, weights, reshape(v, [batch, S, Ev])), lead + [L, Ev])
     if keep is not None:
         out = emit(aten.mul.Tensor, out, keep)
-    node.replace_all_uses_with(out)
+    replace_uses(node, out)      # the users' strides kept traceable
     emit.graph.erase_node(node)
-    return proven
+    return quantized.note(proven, (q, k, v))

@@ -64,6 +64,15 @@ def _insertion_point(ep: ExportedProgram) -> torch.fx.Node:
     return next(n for n in ep.graph.nodes if n.op != "placeholder")
 
 
+def new_constant(program: ExportedProgram, source: str, value: torch.Tensor) -> torch.fx.Node:
+    """A lifted constant placeholder holding ``value`` (in its own storage already), named
+    after the node ``source`` it stands for."""
+    graph = program.graph
+    with graph.inserting_before(_insertion_point(program)):
+        return create_constant_placeholder(program, graph, _constant_name(source, graph),
+                                           InputKind.CONSTANT_TENSOR, value)
+
+
 def _checked_value(node: torch.fx.Node, value) -> torch.Tensor:
     """The evaluated value, in its own storage, after checking it is what the graph expects."""
     expected = tensor_val(node)
@@ -88,10 +97,7 @@ def apply_folds(ep: ExportedProgram, evaluator: ConeEvaluator, members: list) ->
     for member in members:
         with at_node(member.node, "folding"):
             value = _checked_value(member.node, evaluator.value(member.node))
-            with graph.inserting_before(_insertion_point(program)):
-                constant = create_constant_placeholder(
-                    program, graph, _constant_name(member.name, graph),
-                    InputKind.CONSTANT_TENSOR, value)
+            constant = new_constant(program, member.name, value)
             for consumer in member.consumers:
                 nodes[consumer].replace_input_with(nodes[member.node], constant)
             folded.constants.append(FoldedConstant(

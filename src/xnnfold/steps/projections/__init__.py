@@ -14,7 +14,8 @@ element for element, so each ``select`` is replaced by such a linear and the cha
 The row blocks are ``slice`` nodes of ``W`` and ``b``: computed weights like any other, which
 the fold then turns into constants under the same rules. A rewrite whose part linears are not
 all folded and delegated is undone (see :mod:`xnnfold.pipeline`), so the rewrite never leaves
-more on portable than stock does.
+more on portable than stock does. A PT2E-quantized projection (an int8 weight behind a
+dequantize, the output's q/dq) is cut into int8 row blocks the same way: :mod:`.quantized`.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ from typing import Optional
 
 import torch
 import torch.fx
+from executorch.backends.transforms.utils import delete_constant_placeholder
 from torch.export import ExportedProgram
 
-from ..analysis import ProgramFacts, cone_of, is_dequantize
-from ..decision import Decline
-from ..errors import at_node
-from ..node_meta import tensor_val
-from ..validity import sync_output_specs
-from ..analysis.gemms import operand
+from ...analysis import ProgramFacts, cone_of, is_dequantize
+from ...decision import Decline
+from ...errors import at_node
+from ...node_meta import tensor_val
+from ...validity import sync_output_specs
+from ...analysis.gemms import operand
+from . import quantized
 
 aten = torch.ops.aten
 
@@ -49,6 +52,9 @@ class PackedProjection:
     selects: dict                # part index -> name of the select node that takes it
     part_linears: dict = field(default_factory=dict)   # part index -> new linear's name
     kept_because: Optional[Decline] = None   # rule split's Decline, when undone
+    # PT2E int8: the weight cut by rows through its dequantize, and the output's q/dq nodes
+    int8_weight: Optional[quantized.QuantizedWeight] = field(default=None, repr=False)
+    output_qdq: Optional[tuple] = field(default=None, repr=False, compare=False)
     # the nodes named above, in the program the site was found in: linear, chain, selects
     found: tuple = field(default=(), repr=False, compare=False)
 
@@ -99,10 +105,14 @@ def match(linear: torch.fx.Node, facts: ProgramFacts) -> Optional[PackedProjecti
     if linear.op != "call_function" or linear.target is not aten.linear.default:
         return None
     weight, bias = operand(linear, 1), operand(linear, 2)
-    if weight is None or not _static_operand(weight, facts) or not _static_operand(bias, facts):
+    int8_weight = quantized.quantized_weight(weight, facts) if weight is not None else None
+    if weight is None or not (int8_weight or _static_operand(weight, facts)) or \
+            not _static_operand(bias, facts):
         return None
     rank = _rank(linear)
-    unflatten = _only_user(linear, aten.unflatten.int)
+    # A statically quantized output: the chain starts after its q/dq, repeated per part.
+    qdq = quantized.output_qdq(linear) if int8_weight is not None else None
+    unflatten = _only_user(qdq[1] if qdq else linear, aten.unflatten.int)
     if rank is None or unflatten is None or len(unflatten.args) != 3:
         return None
     _, dim, sizes = unflatten.args
@@ -144,9 +154,11 @@ def match(linear: torch.fx.Node, facts: ProgramFacts) -> Optional[PackedProjecti
         selects[index] = user
     if not selects:
         return None
+    layout = list(qdq or ()) + layout
     return PackedProjection(linear.name, parts, width, [n.name for n in layout],
                             {i: n.name for i, n in selects.items()},
-                            found=(linear, layout, selects))
+                            found=(linear, layout, selects), int8_weight=int8_weight,
+                            output_qdq=qdq)
 
 
 def find_packed_projections(facts: ProgramFacts) -> list:
@@ -175,29 +187,55 @@ def split_packed_projections(program: ExportedProgram, sites: list, nodes: dict)
         linear, chain = nodes[linear], [nodes[n] for n in chain]
         selects = {index: nodes[n] for index, n in selects.items()}
         with at_node(linear, "splitting the packed projection"):
-            _split(graph, site, linear, chain, selects)
+            _split(program, site, linear, chain, selects, nodes)
     graph.lint()
     program.graph_module.recompile()
     sync_output_specs(program)     # a part the model returns is a new linear now
 
 
-def _split(graph: torch.fx.Graph, site: PackedProjection, linear: torch.fx.Node, chain: list,
-           selects: dict) -> None:
+def _split(program: ExportedProgram, site: PackedProjection, linear: torch.fx.Node,
+           chain: list, selects: dict, nodes: dict) -> None:
+    graph = program.graph
     x, weight, bias = operand(linear, 0), operand(linear, 1), operand(linear, 2)
+    int8_weight = site.int8_weight
+    if int8_weight is not None:
+        int8_weight = quantized.QuantizedWeight(nodes[int8_weight.dequantize],
+                                                int8_weight.per_channel)
+    qdq = tuple(nodes[n] for n in site.output_qdq) if site.output_qdq else None
     for index, select in sorted(selects.items()):
         start, stop = index * site.width, (index + 1) * site.width
         with graph.inserting_before(select):
             stem = f"{site.linear}_part{index}"
-            w_part = _row_block(graph, weight, start, stop, f"{stem}_weight")
+            if int8_weight is not None:
+                w_part = int8_weight.part(program, graph, start, stop, f"{stem}_weight")
+                x_part = quantized.part_input(graph, x, stem)
+            else:
+                w_part, x_part = _row_block(graph, weight, start, stop, f"{stem}_weight"), x
             b_part = _row_block(graph, bias, start, stop, f"{stem}_bias") \
                 if bias is not None else None
             part = graph.create_node("call_function", aten.linear.default,
-                                     (x, w_part, b_part), name=stem)
-        part.meta = {**linear.meta, "val": aten.linear.default(
-            x.meta["val"], w_part.meta["val"],
-            b_part.meta["val"] if b_part is not None else None)}
-        select.replace_all_uses_with(part)
+                                     (x_part, w_part, b_part), name=stem)
+            part.meta = {**linear.meta, "val": aten.linear.default(
+                x.meta["val"], w_part.meta["val"],
+                b_part.meta["val"] if b_part is not None else None)}
+            result = quantized.part_output(graph, part, qdq, stem) if qdq else part
+        select.replace_all_uses_with(result)
         graph.erase_node(select)
         site.part_linears[index] = part.name
     for node in reversed([linear] + chain):
         graph.erase_node(node)
+    if int8_weight is not None:
+        _drop_packed(program, x, int8_weight.dequantize)
+
+
+def _drop_packed(program: ExportedProgram, x: torch.fx.Node, dequantize: torch.fx.Node) -> None:
+    """Erase what only the packed int8 linear read: its input's dequantize (copied per part),
+    its weight's dequantize, and that one's scales and zero points (each part holds its rows
+    of them). The packed int8 tensor itself is the fold's to free, as any folded param."""
+    params = dequantize.args[1:3]      # read before erasing: erase_node clears the args
+    for node in (x, dequantize):
+        if node.op == "call_function" and not node.users:
+            program.graph.erase_node(node)
+    for param in params:
+        if isinstance(param, torch.fx.Node) and param.op == "placeholder" and not param.users:
+            delete_constant_placeholder(program, param)
