@@ -185,3 +185,26 @@ def test_bench_help_through_the_command_without_torch(tmp_path):
 def test_catalog_names_are_the_builders_keys():
     assert catalog.SMALL == tuple(models.SMALL) and catalog.LARGE == tuple(models.LARGE)
     assert catalog.ZOO == tuple(zoo.ZOO)
+
+
+def test_ctrl_c_in_a_bench_script_is_one_line_and_exit_130(tmp_path):
+    """The terminal's Ctrl-C reaches ``xnnfold bench`` and its script (one process group): exit
+    130 and "xnnfold: interrupted", no traceback of either process. The script is stopped while
+    it imports torch (a shadow ``torch`` module that sleeps), where Ctrl-C lands in practice."""
+    import signal
+    import time
+
+    (tmp_path / "torch.py").write_text("import time\nopen('started', 'w').close()\n"
+                                       "time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
+    process = subprocess.Popen([sys.executable, "-m", "xnnfold", "bench", "tied-head"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 130, (process.returncode, err[-2000:])
+    assert err.strip() == "xnnfold: interrupted", err[-2000:]

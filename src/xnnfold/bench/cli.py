@@ -462,8 +462,10 @@ def _cmd_bench(args) -> int:
     env = {**os.environ, "PYTHONPATH": path}
     if not args.verbose:
         env.setdefault("PYTHONWARNINGS", "ignore")
-    done = subprocess.run([sys.executable, "-m", f"xnnfold.bench.scripts.{SCRIPTS[args.name]}",
-                           *args.args], env=env)
+    done = subprocess.run([sys.executable, "-m", "xnnfold.bench.scripts.run",
+                           SCRIPTS[args.name], *args.args], env=env)
+    if done.returncode == 130:
+        raise KeyboardInterrupt      # the script was interrupted: say so, exit 130
     return done.returncode
 
 
@@ -531,6 +533,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        pass             # anywhere, parsing included; the work's own handlers stopped its processes
+    print("xnnfold: interrupted", file=sys.stderr)
+    if argv is None:         # this process's own command line (the script, python -m xnnfold)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # at once: the interpreter's teardown of torch and executorch takes 1-2 s more on a
+        # loaded machine, and nothing is left to save
+        os._exit(130)
+    return 130
+
+
+def _run(argv) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
@@ -554,20 +571,9 @@ def main(argv=None) -> int:
             raise
         print(f"xnnfold: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, UsageError) else 1
-    except KeyboardInterrupt:
-        pass                             # the work's own handlers stopped their processes
     finally:
         if stderr_filter is not None:
             stderr_filter.close()
-    print("xnnfold: interrupted", file=sys.stderr)
-    if argv is None:         # this process's own command line (the script, python -m xnnfold)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # at once: the interpreter's teardown of torch and executorch takes 1-2 s more on a
-        # loaded machine, and nothing is left to save
-        os._exit(130)
-    return 130
-
 
 if __name__ == "__main__":
     sys.exit(main())
