@@ -7,6 +7,7 @@ its guard prevents, not a regex that could match the text of some other assertio
 
 from __future__ import annotations
 
+import enum
 import io
 import logging
 import os
@@ -154,11 +155,64 @@ class Checked:
         return {o.status for o in self.fold.operands}
 
 
-def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=None,
-                   run_inputs: Optional[list] = None, tol: Optional[float] = None,
-                   rtol: Optional[float] = None, partitioner_kwargs: Optional[dict] = None,
-                   ideal=None, stock_run: str = "compare", compare_counts: bool = True,
-                   rules=None, stock_if_modified: bool = False) -> Checked:
+class StockPte(enum.Enum):
+    """What stock's .pte of the program does when run (stock's lowering succeeds)."""
+    RUNS = "runs, and its outputs are compared with eager too"
+    FAILS_AT_INIT = "raises at load: XNNPACK rejects it at init"
+    NOT_RUN = "not run: it aborts the process, which no test can catch"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``compare_outputs``'s ``atol`` and ``rtol`` (None: its per-dtype default)."""
+    atol: Optional[float] = None
+    rtol: Optional[float] = None
+
+    def compare(self, actual, expected) -> Comparison:
+        return compare_outputs(actual, expected, atol=self.atol, rtol=self.rtol)
+
+
+@dataclass
+class Subject:
+    """What a check lowers and what it compares with: the program, the eager computation of
+    the expected outputs, the input sets, the tolerance and each partitioner's arguments."""
+    model: object
+    ep: object
+    inputs: tuple
+    run_inputs: list
+    tolerance: Tolerance
+    xnnfold_kwargs: dict
+    stock_kwargs: Optional[dict] = None
+    reference: object = None            # computes the expected outputs in place of ``model``
+    dynamic_shapes: object = None
+
+    @classmethod
+    def of(cls, model, inputs, *, ep=None, dynamic_shapes=None, run_inputs=None, tol=None,
+           rtol=None, partitioner_kwargs=None, rules=None, reference=None) -> "Subject":
+        if ep is None:
+            ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+        xnnfold_kwargs = {**(partitioner_kwargs or {}),
+                          **({"rules": rules} if rules is not None else {})}
+        return cls(model, ep, inputs, list(run_inputs or []), Tolerance(tol, rtol),
+                   xnnfold_kwargs, partitioner_kwargs, reference, dynamic_shapes)
+
+    @property
+    def input_sets(self) -> list:
+        return [self.inputs] + self.run_inputs
+
+    def expected(self, args):
+        with torch.no_grad():
+            return (self.reference if self.reference is not None else self.model)(*args)
+
+    def compare(self, pte: bytes, args) -> Comparison:
+        return self.tolerance.compare(run_pte(pte, args), self.expected(args))
+
+
+def check_lowering(model, inputs, *, ep=None, dynamic_shapes=None,
+                   run_inputs: Optional[list] = None, reference=None,
+                   tol: Optional[float] = None, rtol: Optional[float] = None,
+                   partitioner_kwargs: Optional[dict] = None, rules=None, ideal=None,
+                   stock_pte: StockPte = StockPte.RUNS, compare_counts: bool = True) -> Checked:
     """Export (unless ``ep`` is given), lower stock and xnnfold, run both on the runtime.
 
     Asserts what holds for *every* program: xnnfold did not fall back (:class:`Fallback`), the
@@ -168,91 +222,122 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     stores more tensor bytes (:class:`StoredMore`), never has more .pte bytes (but for the
     per-constant overhead of XNNPACK's format; :class:`LargerPte`), delegate calls
     (:class:`DelegateCalls`) or GEMMs outside delegates (:class:`GemmsOutside`) than stock.
-    Returns the two lowerings for the test's own assertions. ``run_inputs`` are extra input
-    tuples (other dynamic sizes) to run both programs on. ``ideal`` is a hand rewrite of the
-    model with plain params: where given, it is lowered with stock too, and it also bounds the
-    bytes (XNNPACK stores a conv weight in more bytes than the portable program does, and a
-    delegate where stock has none costs a call). ``stock_run``: "compare" (default) runs the
-    stock .pte too; "raises" expects it to fail to run (XNNPACK rejects it at init); "skip" does
-    not run it (it aborts the process, which no test can catch); "fails_to_lower" expects
-    stock's lowering itself to raise (an op outside the Core ATen opset that xnnfold folds
-    away): only the xnnfold .pte is run and compared, and ``stock`` is None.
-    ``compare_counts=False`` leaves the byte and count comparisons to the caller (the property
-    test states its own). ``rules``: the xnnfold.rules.RuleSet xnnfold lowers with (tests of a
-    rule pass one without it). ``stock_if_modified``: lower stock only if xnnfold changed the
-    program; if it did not, the xnnfold lowering *is* the stock one (the program handed to the
-    stock partitioner's logic is ``ep``, with no GEMM marked), so only the xnnfold .pte is run
-    and ``stock`` is None.
+    Returns the two lowerings for the test's own assertions.
+
+    ``run_inputs`` are extra input tuples (other dynamic sizes) to run both programs on;
+    ``reference`` computes the expected outputs in place of ``model``. ``ideal`` is a hand
+    rewrite of the model with plain params: where given, it is lowered with stock too, and it
+    also bounds the bytes (XNNPACK stores a conv weight in more bytes than the portable program
+    does, and a delegate where stock has none costs a call). ``stock_pte``: what stock's .pte
+    does when run (:class:`StockPte`). ``compare_counts=False`` leaves the byte and count
+    comparisons to the caller (the property test states its own). ``rules``: the
+    xnnfold.rules.RuleSet xnnfold lowers with (tests of a rule pass one without it).
+    Where stock cannot lower the program, see :func:`check_where_stock_fails_to_lower`; where
+    xnnfold may leave it as it is, :func:`check_lowering_if_modified`.
     """
-    if ep is None:
-        ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
-    tolerance = {"rtol": rtol, "atol": tol}
-    kwargs = {**(partitioner_kwargs or {}), **({"rules": rules} if rules is not None else {})}
-    if stock_run == "fails_to_lower":
-        assert not (run_inputs or reference or ideal), "fails_to_lower checks the inputs only"
-        with pytest.raises(Exception):
-            lower(ep, STOCK, partitioner_kwargs)
-        return _check_xnnfold_alone(model, ep, _lower_xnnfold(ep, kwargs), inputs, None,
-                                    tolerance, kwargs)
-    folded = _lower_xnnfold(ep, kwargs)
-    if stock_if_modified and not folded.fold.modified:
+    subject = Subject.of(model, inputs, ep=ep, dynamic_shapes=dynamic_shapes,
+                         run_inputs=run_inputs, tol=tol, rtol=rtol,
+                         partitioner_kwargs=partitioner_kwargs, rules=rules, reference=reference)
+    folded = _lower_xnnfold(subject)
+    return _check_against_stock(subject, folded, lower(subject.ep, STOCK, partitioner_kwargs),
+                                ideal, stock_pte, compare_counts)
+
+
+def check_where_stock_fails_to_lower(model, inputs, *, dynamic_shapes=None,
+                                     tol: Optional[float] = None) -> Checked:
+    """Stock's lowering raises (an op outside the Core ATen opset that xnnfold folds away):
+    expect that, and run and compare the xnnfold .pte only (``stock`` is None)."""
+    subject = Subject.of(model, inputs, dynamic_shapes=dynamic_shapes, tol=tol)
+    with pytest.raises(Exception):
+        lower(subject.ep, STOCK)
+    return _check_xnnfold_alone(subject, _lower_xnnfold(subject))
+
+
+def check_lowering_if_modified(model, inputs, *, dynamic_shapes=None,
+                               run_inputs: Optional[list] = None, tol: Optional[float] = None,
+                               partitioner_kwargs: Optional[dict] = None,
+                               compare_counts: bool = True) -> Checked:
+    """:func:`check_lowering`, but stock is lowered only if xnnfold changed the program: if it
+    did not, the xnnfold lowering *is* the stock one (the program handed to the stock
+    partitioner's logic is ``ep``, with no GEMM marked), so only the xnnfold .pte is run and
+    ``stock`` is None."""
+    subject = Subject.of(model, inputs, dynamic_shapes=dynamic_shapes, run_inputs=run_inputs,
+                         tol=tol, partitioner_kwargs=partitioner_kwargs)
+    folded = _lower_xnnfold(subject)
+    if not folded.fold.modified:
         assert not any(map(runtime_weight.is_marked, folded.fold.program.graph.nodes))
-        return _check_xnnfold_alone(model, ep, folded, inputs, run_inputs, tolerance, kwargs)
-    stock = lower(ep, STOCK, partitioner_kwargs)
-    verdicts = {STOCK: Comparison(True), XNNFOLD: Comparison(True)}
-    for args in [inputs] + list(run_inputs or []):
-        with torch.no_grad():
-            expected = reference(*args) if reference is not None else model(*args)
-        if stock_run == "raises":
+        return _check_xnnfold_alone(subject, folded)
+    return _check_against_stock(subject, folded, lower(subject.ep, STOCK, partitioner_kwargs),
+                                None, StockPte.RUNS, compare_counts)
+
+
+def _check_against_stock(subject: Subject, folded: Lowered, stock: Lowered, ideal,
+                         stock_pte: StockPte, compare_counts: bool) -> Checked:
+    """Both lowerings run and compared; the ideal's, if any; the users' path; no worse than
+    stock."""
+    stock_verdict, folded_verdict = Comparison(True), Comparison(True)
+    for args in subject.input_sets:
+        if stock_pte is StockPte.FAILS_AT_INIT:
             with pytest.raises(RuntimeError):
                 run_pte(stock.pte, args)
-        for variant, lowered in ((STOCK, stock), (XNNFOLD, folded)):
-            if variant == STOCK and stock_run != "compare":
-                continue
-            verdicts[variant] = verdicts[variant].worst(
-                compare_outputs(run_pte(lowered.pte, args), expected, **tolerance))
-    _expect_matches(verdicts[XNNFOLD], "xnnfold")
-    ideal_lowered = None
-    if ideal is not None:
-        ideal_ep = torch.export.export(ideal, inputs, dynamic_shapes=dynamic_shapes)
-        ideal_lowered = lower(ideal_ep, STOCK, partitioner_kwargs)
-        with torch.no_grad():
-            _expect_matches(compare_outputs(run_pte(ideal_lowered.pte, inputs), model(*inputs),
-                                            **tolerance), "the ideal rewrite's")
-    _expect_users_path(ep, folded, kwargs)
-    checked = Checked(stock, folded, verdicts[STOCK].max_abs_diff,
-                      verdicts[XNNFOLD].max_abs_diff, ideal_lowered)
-    # The naive fold's failure: tensors stored twice. Exact, whatever the format's overhead,
-    # but for the one-float scale each rewritten attention's delegate stores (stock keeps it
-    # in a mul.Scalar on portable).
+        elif stock_pte is StockPte.RUNS:
+            stock_verdict = stock_verdict.worst(subject.compare(stock.pte, args))
+        folded_verdict = folded_verdict.worst(subject.compare(folded.pte, args))
+    _expect_matches(folded_verdict, "xnnfold")
+    ideal_lowered = _check_ideal(subject, ideal) if ideal is not None else None
+    _expect_users_path(subject, folded)
+    _expect_stores_no_more(folded, stock)
+    if compare_counts:
+        _expect_no_worse_than_stock(folded, stock, ideal_lowered)
+    return Checked(stock, folded, stock_verdict.max_abs_diff, folded_verdict.max_abs_diff,
+                   ideal_lowered)
+
+
+def _check_ideal(subject: Subject, ideal) -> Lowered:
+    """The hand rewrite lowered with stock, its .pte checked against the model's eager."""
+    ideal_ep = torch.export.export(ideal, subject.inputs, dynamic_shapes=subject.dynamic_shapes)
+    ideal_lowered = lower(ideal_ep, STOCK, subject.stock_kwargs)
+    _expect_matches(subject.tolerance.compare(run_pte(ideal_lowered.pte, subject.inputs),
+                                              subject.expected(subject.inputs)),
+                    "the ideal rewrite's")
+    return ideal_lowered
+
+
+def _expect_stores_no_more(folded: Lowered, stock: Lowered) -> None:
+    """The naive fold's failure: tensors stored twice. Exact, whatever the format's overhead,
+    but for the one-float scale each rewritten attention's delegate stores (stock keeps it in a
+    mul.Scalar on portable)."""
     scales = ATTENTION_SCALE_BYTES * sum(a.rewritten for a in folded.fold.attention)
     expect(folded.constant_bytes <= stock.constant_bytes + scales, StoredMore,
            f"xnnfold stores {folded.constant_bytes:,} constant bytes, stock "
            f"{stock.constant_bytes:,} (+{scales} for attention scales)")
-    if not compare_counts:
-        return checked
+
+
+def _expect_no_worse_than_stock(folded: Lowered, stock: Lowered,
+                                ideal: Optional[Lowered]) -> None:
+    """No more GEMMs outside, .pte bytes (but XNNPACK's per-constant and per-GEMM overhead, or
+    the ideal's bytes) and delegate calls (but one per GEMM moved in, or the ideal's) than
+    stock."""
     expect(len(folded.gemms_outside) <= len(stock.gemms_outside), GemmsOutside,
            f"GEMMs outside delegates: xnnfold {folded.gemms_outside}, stock "
            f"{stock.gemms_outside}")
     moved = len(stock.gemms_outside) - len(folded.gemms_outside)
     slack = DELEGATE_BYTES_PER_CONSTANT * len(folded.fold.constants) + \
         DELEGATE_BYTES_PER_GEMM * moved
-    bound = max(stock.pte_bytes + slack, ideal_lowered.pte_bytes if ideal_lowered else 0)
+    bound = max(stock.pte_bytes + slack, ideal.pte_bytes if ideal else 0)
     expect(folded.pte_bytes <= bound, LargerPte,
            f"xnnfold .pte {folded.pte_bytes:,} bytes, stock {stock.pte_bytes:,}, bound {bound:,}")
-    max_calls = max(stock.delegate_calls + moved,
-                    ideal_lowered.delegate_calls if ideal_lowered else 0)
+    max_calls = max(stock.delegate_calls + moved, ideal.delegate_calls if ideal else 0)
     expect(folded.delegate_calls <= max_calls, DelegateCalls,
            f"xnnfold {folded.delegate_calls} delegate calls, stock {stock.delegate_calls}, "
            f"bound {max_calls}")
-    return checked
 
 
-def _lower_xnnfold(ep, kwargs: dict) -> Lowered:
+def _lower_xnnfold(subject: Subject) -> Lowered:
     """Lower with xnnfold; a fallback (or, in strict mode, the error raised in its place) is a
     :class:`Fallback`."""
     try:
-        folded = lower(ep, XNNFOLD, kwargs)
+        folded = lower(subject.ep, XNNFOLD, subject.xnnfold_kwargs)
     except StrictFallback as error:
         raise Fallback(str(error)) from error
     expect(folded.fold is not None, Fallback, "xnnfold's hook did not run")
@@ -271,20 +356,20 @@ def fold_record(result) -> tuple:
             sorted((c.name, tuple(c.shape), c.dtype, tuple(c.consumers)) for c in result.constants))
 
 
-def _expect_users_path(ep, folded: Lowered, kwargs: dict) -> None:
+def _expect_users_path(subject: Subject, folded: Lowered) -> None:
     """The users' path: the fold alone, verification off (fast-probe failures would be
     swallowed there; strict mode raises them), must decide what the verified lowering did.
     Only the fold runs, not a second lowering."""
-    partitioner = XnnpackPartitioner(**{**kwargs, "verify_probe": False})
+    partitioner = XnnpackPartitioner(**{**subject.xnnfold_kwargs, "verify_probe": False})
     try:
-        unverified = partitioner.fold(ep)
+        unverified = partitioner.fold(subject.ep)
     except StrictFallback as error:
         raise Fallback(f"with verification off: {error}") from error
     expect(unverified.fallback is None, Fallback,
            f"with verification off, xnnfold fell back: {unverified.fallback}")
     expect(fold_record(unverified) == fold_record(folded.fold), UsersPathDiffers,
            f"verification off: {fold_record(unverified)}; on: {fold_record(folded.fold)}")
-    expect_valid(ep, unverified.program)
+    expect_valid(subject.ep, unverified.program)
 
 
 def round_trip(program):
@@ -312,16 +397,14 @@ def expect_valid(ep, program) -> None:
         raise InvalidProgram(f"the folded program: {type(error).__name__}: {error}") from error
 
 
-def _check_xnnfold_alone(model, ep, folded, inputs, run_inputs, tolerance, kwargs) -> Checked:
+def _check_xnnfold_alone(subject: Subject, folded: Lowered) -> Checked:
     """Run and compare the xnnfold .pte only (``stock`` is None): where stock's lowering
     raises, or where xnnfold's lowering is stock's."""
     verdict = Comparison(True)
-    for args in [inputs] + list(run_inputs or []):
-        with torch.no_grad():
-            verdict = verdict.worst(compare_outputs(run_pte(folded.pte, args), model(*args),
-                                                    **tolerance))
+    for args in subject.input_sets:
+        verdict = verdict.worst(subject.compare(folded.pte, args))
     _expect_matches(verdict, "xnnfold")
-    _expect_users_path(ep, folded, kwargs)
+    _expect_users_path(subject, folded)
     return Checked(None, folded, float("nan"), verdict.max_abs_diff)
 
 

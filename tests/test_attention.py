@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import LAYOUT_OPS, Sdpa, check_lowering
+from conftest import LAYOUT_OPS, Sdpa, check_lowering, check_lowering_if_modified
 from test_quantized import activation_bound, quantize
 from xnnfold.bench import models
 
@@ -215,8 +215,8 @@ def test_quantized_attention(dynamic):
 def test_without_the_step_the_glue_comes_back():
     # The negative test: the same lowering with the step turned off keeps stock's glue.
     torch.manual_seed(0)
-    checked = check_lowering(Mha().eval(), (torch.randn(B, L, E),),
-                             partitioner_kwargs={"attention": False}, stock_if_modified=True)
+    checked = check_lowering_if_modified(Mha().eval(), (torch.randn(B, L, E),),
+                                         partitioner_kwargs={"attention": False})
     assert checked.fold.attention == []
     assert {"aten.eq.Scalar", "aten.where.self", "aten.mul.Scalar"} <= \
         set(checked.folded.ops_outside), checked.folded.ops_outside

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import NumericMismatch, check_lowering, expect, tiny_wav2vec2_config
+from conftest import (NumericMismatch, check_lowering, check_where_stock_fails_to_lower, expect,
+                      tiny_wav2vec2_config)
 from xnnfold.bench.measure import compare_outputs, run_pte
 
 E = 16
@@ -92,8 +93,8 @@ def test_lowers_where_stock_raises(name):
     torch.manual_seed(0)
     cls, shape, dynamic_shapes = CASES[name]
     model = cls().eval()
-    checked = check_lowering(model, (torch.randn(shape),), dynamic_shapes=dynamic_shapes,
-                             stock_run="fails_to_lower")
+    checked = check_where_stock_fails_to_lower(model, (torch.randn(shape),),
+                                               dynamic_shapes=dynamic_shapes)
     assert checked.folded.delegate_calls >= (0 if "input" in name else 1)
 
 
@@ -115,10 +116,9 @@ def test_wav2vec2_encoder_with_a_dynamic_length():
             return (out.last_hidden_state, out.extract_features, *out.hidden_states)
 
     model = Encoder().eval()
-    checked = check_lowering(model, (torch.randn(1, 1600),),
-                             dynamic_shapes=({1: 10 * torch.export.Dim("frames", min=80,
-                                                                        max=400)},),
-                             tol=1e-4, stock_run="fails_to_lower")
+    checked = check_where_stock_fails_to_lower(
+        model, (torch.randn(1, 1600),),
+        dynamic_shapes=({1: 10 * torch.export.Dim("frames", min=80, max=400)},), tol=1e-4)
     assert checked.folded.gemms_outside == []
     longer = (torch.randn(1, 2400),)     # another length, on the same .pte
     with torch.no_grad():

@@ -12,7 +12,8 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 import xnnfold
 from xnnfold.bench import models
 
-from conftest import GemmsOutside, LargerPte, assert_all_delegated, check_lowering, expect
+from conftest import (GemmsOutside, LargerPte, StockPte, assert_all_delegated, check_lowering,
+                      expect)
 from test_fp32_positive import K, N, ROWS, Packed
 
 
@@ -67,7 +68,7 @@ def test_quantize_of_a_split_part_is_folded_and_its_dequantize_kept():
     inputs = (torch.randn(ROWS, K),)
     converted = quantize(model, inputs, dynamic=False, fold_quantize=False)
     ep = torch.export.export(converted, inputs)
-    checked = check_lowering(converted, inputs, ep=ep, stock_run="skip")
+    checked = check_lowering(converted, inputs, ep=ep, stock_pte=StockPte.NOT_RUN)
     _assert_quantized_delegated(checked, [(N, K)])
     weights = [c for c in checked.fold.constants if c.dtype == torch.int8]
     assert [c.shape for c in weights] == [(N, K), (N, K)]

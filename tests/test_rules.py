@@ -12,8 +12,8 @@ from torch import nn
 from xnnfold.decision import Rule
 from xnnfold.rules import DEFAULT_RULES
 
-from conftest import (Fallback, Params, UnexpectedFold, assert_all_delegated, check_lowering,
-                      expect, expect_fold)
+from conftest import (Fallback, Params, StockPte, UnexpectedFold, assert_all_delegated,
+                      check_lowering, expect, expect_fold)
 
 K = 12
 
@@ -186,7 +186,7 @@ def seven_dim_bias():
 def test_bias_computed_with_seven_dims():
     """Stock puts the 7-dim view in its delegate, which XNNPACK rejects at init (measured:
     "Failed to define tensor 0 ... xnn_status_unsupported_parameter"); folded, it runs."""
-    checked = check_lowering(seven_dim_bias(), (_rows(),), stock_run="raises")
+    checked = check_lowering(seven_dim_bias(), (_rows(),), stock_pte=StockPte.FAILS_AT_INIT)
     assert_all_delegated(checked, packed_shapes=[(2 * K,)], part_shapes=[(K,), (K, K)])
 
 

@@ -136,7 +136,7 @@ def test_dynamic_length_is_rewritten_with_one_inferred_dim_per_reshape():
 
 def test_a_dequantized_query_is_rewritten_and_explain_says_so():
     # The converted module computes the attention in fp32 on the dequantized values: so does
-    # the rewrite (tests/unit/test_quantized_attention.py checks what XNNPACK makes of it).
+    # the rewrite (tests/unit/test_quantized_attention_step.py checks what XNNPACK makes of it).
     q, k, v = qkv()
 
     class Deq(nn.Module):

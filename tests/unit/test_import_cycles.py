@@ -1,4 +1,5 @@
-"""The pass's modules (``src/xnnfold`` but the bench) import each other without a cycle.
+"""The pass's modules (``src/xnnfold`` but the bench) import each other without a cycle (and the
+test files do not shadow each other).
 
 The graph is read from the sources with ``ast``: every import statement counts, those under
 ``if TYPE_CHECKING:`` and inside functions included, so that a cycle cannot hide behind a
@@ -154,3 +155,15 @@ def test_a_cycle_through_a_package_init_is_found(tmp_path):
     assert find_cycle(import_graph(modules)) == ["pkg.a", "pkg.b", "pkg.a"]
     del modules["pkg.a"]
     assert find_cycle(import_graph(modules)) is None
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports test files by their base name (``rootdir`` mode, no ``__init__.py``): two
+    files of one name, ``tests/x.py`` and ``tests/unit/x.py``, fail the whole suite's
+    collection ("import file mismatch") while each passes alone."""
+    tests = pathlib.Path(__file__).resolve().parents[1]
+    seen: dict = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not shared, shared
