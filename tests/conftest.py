@@ -22,6 +22,7 @@ import torch
 
 from xnnfold import XnnpackPartitioner
 from xnnfold.errors import STRICT_ENV, StrictFallback
+from xnnfold.probe.verified import VERIFY_ENV
 from xnnfold.steps import runtime_weight
 from xnnfold.bench.measure import STOCK, XNNFOLD, Comparison, Lowered, compare_outputs, lower, \
     run_pte
@@ -29,10 +30,14 @@ from xnnfold.bench.measure import STOCK, XNNFOLD, Comparison, Lowered, compare_o
 torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
 # Every fold of the suite runs the fast probe and the whole-program probe and fails on any
 # disagreement (xnnfold.probe.verified); export XNNFOLD_VERIFY_PROBE=0 to time the fast path alone.
-os.environ.setdefault("XNNFOLD_VERIFY_PROBE", "1")
+os.environ.setdefault(VERIFY_ENV, "1")
 # An internal failure raises (xnnfold.errors.StrictFallback) instead of falling back to stock;
 # a test that expects a fallback is marked ``fallback_expected``.
 os.environ.setdefault(STRICT_ENV, "1")
+# What every test runs with, as set here (or exported by whoever runs the suite): each test gets
+# these values back (a test file, or a module it imports, cannot turn verification off for the
+# tests after it), and the collection fails if an import changed them (pytest_collection_finish).
+SUITE_ENV = {name: os.environ[name] for name in (VERIFY_ENV, STRICT_ENV)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,8 +119,21 @@ def _seeded_and_strict(request, monkeypatch):
     """Per test: its own seed, whatever ran before it on this worker; strict mode unless the
     test expects a fallback. (Module-scoped fixtures run before this: they seed themselves.)"""
     seed_everything(request.node.nodeid)
+    for name, value in SUITE_ENV.items():
+        monkeypatch.setenv(name, value)
     if request.node.get_closest_marker("fallback_expected"):
         monkeypatch.setenv(STRICT_ENV, "0")
+
+
+def pytest_collection_finish(session):
+    """Importing the test files must leave the suite's settings alone: a module that sets
+    ``XNNFOLD_VERIFY_PROBE=0`` at import (a bench script did) turned verification off for every
+    test of the worker, and one test's failure was all that showed it."""
+    changed = {name: os.environ.get(name) for name, value in SUITE_ENV.items()
+               if os.environ.get(name) != value}
+    if changed:
+        raise pytest.UsageError(f"importing the tests changed {changed} (the suite set "
+                                f"{SUITE_ENV}): set it in a function, not at import")
 
 
 def pytest_configure(config):

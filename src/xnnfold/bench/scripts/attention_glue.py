@@ -15,14 +15,12 @@ Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is timed as users run
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
 
-from xnnfold.bench.scripts import parser
+from xnnfold.bench.scripts import lower_as_users_do, parser
 
-os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
 
 VOCAB, D_MODEL = 51865, 384
 
@@ -148,6 +146,7 @@ def demo(rounds: int) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    lower_as_users_do()
     import torch
     torch.set_num_threads(1)
     if args.part == "demo":

@@ -19,9 +19,8 @@ import statistics
 import subprocess
 import sys
 
-from xnnfold.bench.scripts import parser
+from xnnfold.bench.scripts import lower_as_users_do, parser
 
-os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -80,6 +79,7 @@ def _child(name: str, variant: str) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    lower_as_users_do()
     reps = args.reps
     for name in args.cases or CASES:
         times = {"stock": [], "xnnfold": []}

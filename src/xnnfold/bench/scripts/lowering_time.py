@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import statistics
 import sys
 import time
 
 from xnnfold.bench import catalog
-from xnnfold.bench.scripts import parser
+from xnnfold.bench.scripts import lower_as_users_do, parser
 
-os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
 
 
 def nothing_to_fold() -> list:
@@ -132,6 +130,7 @@ def build_parser():
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    lower_as_users_do()
     names = [n for n in args.models.split(",") if n] or list(
         {"small": catalog.SMALL, "large": catalog.LARGE,
          "all": catalog.SMALL + catalog.LARGE}[args.size])

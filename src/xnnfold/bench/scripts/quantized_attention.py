@@ -18,14 +18,12 @@ Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is what users run.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from collections import Counter
 
-from xnnfold.bench.scripts import parser
+from xnnfold.bench.scripts import lower_as_users_do, parser
 
-os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
 
 
 def build_parser():
@@ -344,6 +342,7 @@ def run_layer_norm(rounds: int) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    lower_as_users_do()
     import torch
     torch.set_num_threads(1)
     import executorch.kernels.quantized  # noqa: F401 - the quantized ops' out variants
