@@ -7,13 +7,13 @@ model written with separate q/k/v linears, with int8 weights only (issue 30).
 
 import pytest
 import torch
-from torch import nn
 
 from conftest import check_lowering
 from test_attention import GLUE
 from xnnfold.bench import models
 from xnnfold.bench.measure import XNNFOLD, lower, run_pte
 from xnnfold.bench.scripts.quantized_attention import quantized
+from xnnfold.bench.scripts.quantized_attention import whisper_encoder as scripted_whisper_encoder
 from xnnfold.steps.projections import quantized as int8_parts
 
 # What a quantized encoder still leaves on portable: LayerNorm (portable's fused kernel is
@@ -33,26 +33,10 @@ def fp32_matrices(lowered) -> list:
 
 
 def whisper_encoder(attention: str):
-    tf = pytest.importorskip("transformers")
-    from transformers.models.whisper.modeling_whisper import WhisperEncoder
-
-    torch.manual_seed(0)
-    config = tf.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
-                              encoder_ffn_dim=128, num_mel_bins=16, vocab_size=100,
-                              max_source_positions=32, pad_token_id=0, bos_token_id=1,
-                              eos_token_id=2, decoder_start_token_id=1,
-                              attn_implementation=attention)
-    encoder = WhisperEncoder(config).eval()
-
-    class Encoder(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.encoder = encoder
-
-        def forward(self, features):
-            return self.encoder(input_features=features).last_hidden_state
-
-    return Encoder().eval(), (torch.randn(1, 16, 64),)
+    """transformers' Whisper encoder, small: d_model 64, 4 heads, 64 frames of 16 mel bins."""
+    pytest.importorskip("transformers")
+    return scripted_whisper_encoder(frames=64, layers=2, d_model=64, heads=4, ffn=128,
+                                    mel_bins=16, attention=attention)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

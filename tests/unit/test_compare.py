@@ -106,18 +106,23 @@ class _FakeRunner:
         return self._outputs
 
 
+def _lowering(tmp_path, run_error=None) -> SimpleNamespace:
+    """What the report's lowering process hands back for a 3-byte .pte with one delegate."""
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"pte")
+    return SimpleNamespace(pte_path=str(pte), gemms_outside=0, delegate_calls=1,
+                           delegation={"delegated": 1, "not_delegated": 0,
+                                       "not_delegated_by_op": {}},
+                           lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
+                           gemms=[], run_error=run_error)
+
+
 @pytest.mark.parametrize("outputs,says", [
     ([torch.full((1, 4), math.nan)], "NaN/inf"),
     ([torch.zeros(1)], "shape (1,) vs (1,4)"),
 ])
 def test_report_marks_a_wrong_pte(monkeypatch, tmp_path, outputs, says):
-    pte = tmp_path / "model.pte"
-    pte.write_bytes(b"pte")
-    lowering = SimpleNamespace(pte_path=str(pte), gemms_outside=0, delegate_calls=1,
-                               delegation={"delegated": 1, "not_delegated": 0,
-                                           "not_delegated_by_op": {}},
-                               lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
-                               gemms=[], run_error=None)
+    lowering = _lowering(tmp_path)
     monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
     monkeypatch.setattr(report, "PteRunner", lambda data: _FakeRunner(data, outputs))
     case = SimpleNamespace(inputs=(torch.zeros(1, 4),))
@@ -132,14 +137,8 @@ def test_report_marks_a_wrong_pte(monkeypatch, tmp_path, outputs, says):
 def test_report_shows_a_pte_that_does_not_run_as_failed(monkeypatch, tmp_path):
     """The lowering's process ran the .pte and it failed (or aborted): the row is failed with
     that reason, and the parent never loads it."""
-    pte = tmp_path / "model.pte"
-    pte.write_bytes(b"pte")
-    lowering = SimpleNamespace(pte_path=str(pte), gemms_outside=0, delegate_calls=1,
-                               delegation={"delegated": 1, "not_delegated": 0,
-                                           "not_delegated_by_op": {}},
-                               lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
-                               gemms=[], run_error="the .pte does not run on the ExecuTorch "
-                               "runtime: its process was killed by SIGABRT")
+    lowering = _lowering(tmp_path, run_error="the .pte does not run on the ExecuTorch "
+                                             "runtime: its process was killed by SIGABRT")
     monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
     monkeypatch.setattr(report, "PteRunner", lambda data: pytest.fail("loaded a failed .pte"))
     row, runner = report._lower_row(ModelSource("m"), "xnnfold", SimpleNamespace(inputs=()),
@@ -158,13 +157,7 @@ def test_report_judges_a_quantized_model_by_int8_rounding(monkeypatch, tmp_path,
     # WRONG.
     expected = torch.tensor([[4.0, -1.0, 0.5, 0.0]])
     outputs = [expected + torch.tensor([[0.0, off_by, 0.0, 0.0]])]
-    pte = tmp_path / "model.pte"
-    pte.write_bytes(b"pte")
-    lowering = SimpleNamespace(pte_path=str(pte), gemms_outside=0, delegate_calls=1,
-                               delegation={"delegated": 1, "not_delegated": 0,
-                                           "not_delegated_by_op": {}},
-                               lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
-                               gemms=[], run_error=None)
+    lowering = _lowering(tmp_path)
     monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
     monkeypatch.setattr(report, "PteRunner", lambda data: _FakeRunner(data, outputs))
     case = SimpleNamespace(inputs=(torch.zeros(1, 4),))

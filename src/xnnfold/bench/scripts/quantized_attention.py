@@ -60,18 +60,21 @@ def _first(model, output="last_hidden_state"):
     return First().eval()
 
 
-def whisper_encoder(frames: int = 600, layers: int = 2):
-    """The issue's model: transformers' Whisper encoder, d_model 384, 6 heads, ffn 1536."""
+def whisper_encoder(frames: int = 600, layers: int = 2, d_model: int = 384, heads: int = 6,
+                    ffn: int = 1536, mel_bins: int = 80, attention: str = "sdpa"):
+    """The issue's model: transformers' Whisper encoder, d_model 384, 6 heads, ffn 1536 (the
+    tests build a small one); ``attention``: transformers' ``attn_implementation``."""
     import torch
     from torch import nn
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
     torch.manual_seed(0)
-    config = WhisperConfig(d_model=384, encoder_layers=layers, encoder_attention_heads=6,
-                           encoder_ffn_dim=1536, num_mel_bins=80, vocab_size=1000,
+    config = WhisperConfig(d_model=d_model, encoder_layers=layers, encoder_attention_heads=heads,
+                           encoder_ffn_dim=ffn, num_mel_bins=mel_bins, vocab_size=1000,
                            max_source_positions=frames // 2, pad_token_id=0, bos_token_id=1,
-                           eos_token_id=2, decoder_start_token_id=1)
+                           eos_token_id=2, decoder_start_token_id=1,
+                           attn_implementation=attention)
     encoder = WhisperEncoder(config).eval()
 
     class Encoder(nn.Module):
@@ -83,7 +86,7 @@ def whisper_encoder(frames: int = 600, layers: int = 2):
             return self.encoder(input_features=features).last_hidden_state
 
     torch.manual_seed(1)
-    return Encoder().eval(), (torch.randn(1, 80, frames),)
+    return Encoder().eval(), (torch.randn(1, mel_bins, frames),)
 
 
 def vit():
