@@ -15,11 +15,13 @@ class Explanation(list):
     """The :class:`~xnnfold.result.GemmOperand` rows, plus ``projections`` (each a
     :class:`~xnnfold.steps.projections.PackedProjection`, split or kept), ``canonical`` (each a
     :class:`~xnnfold.steps.canonical.CanonicalRewrite`), ``attention`` (each an
-    :class:`~xnnfold.steps.attention.AttentionRewrite`, rewritten or kept) and ``fallback``."""
+    :class:`~xnnfold.steps.attention.AttentionRewrite`, rewritten or kept), ``kv_cache`` (each a
+    :class:`~xnnfold.steps.kv_cache.KVCacheRewrite`) and ``fallback``."""
 
     def __init__(self, rows, projections=(), fallback: Optional[str] = None, canonical=(),
-                 attention=()):
+                 attention=(), kv_cache=()):
         super().__init__(rows)
+        self.kv_cache = list(kv_cache)
         self.projections = list(projections)
         self.canonical = list(canonical)
         self.attention = list(attention)
@@ -29,7 +31,7 @@ class Explanation(list):
     def of(cls, result) -> "Explanation":
         """The explanation of a :class:`~xnnfold.result.FoldResult`."""
         return cls(result.operands, result.projections, result.fallback, result.canonical,
-                   result.attention)
+                   result.attention, result.kv_cache)
 
 
 def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
@@ -59,6 +61,8 @@ def format_explanation(rows: list, fallback: Optional[str] = None, projections=N
               r.node or r.constant or "", r.reason or ""] for r in rows]
     text = _columns(["gemm", "module (class)", "kind", "operand", "status", "rule",
                      "node / constant", "reason"], table) if table else "no GEMM"
+    for cached in getattr(rows, "kv_cache", []):
+        text += f"\n{cached.describe()}"
     for attention in getattr(rows, "attention", []):
         text += f"\n{attention.describe()}"
     for rewrite in getattr(rows, "canonical", []):

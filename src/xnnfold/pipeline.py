@@ -1,4 +1,4 @@
-"""The whole pass: attention rewritten -> canonical GEMMs -> projections -> analysis -> plan
+"""The whole pass: KV caches -> attention rewritten -> canonical GEMMs -> projections -> analysis -> plan
 and rules -> fold -> probe, repeated until the probe agrees -> runtime weights.
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
@@ -19,6 +19,7 @@ from . import rules
 from .steps.fold import plan
 from .analysis import ProgramFacts, find_operands, find_static
 from .steps.attention import rewrite_attention
+from .steps.kv_cache import rewrite_kv_caches
 from .steps.canonical import canonicalize
 from .steps.runtime_weight import mark_runtime_weights
 from .errors import FoldError, StrictFallback, strict_requested
@@ -37,8 +38,9 @@ Probe = Callable[[ExportedProgram, list], set]
 
 
 def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet,
-                    attention: bool = True) -> FoldResult:
-    """Rewrite attention (unless ``attention`` is False), canonicalize GEMMs, split packed
+                    attention: bool = True, llm_kernels: bool = False) -> FoldResult:
+    """Rewrite attention over KV caches (on executorch's LLM kernels with ``llm_kernels``) and
+    other attention (unless ``attention`` is False), canonicalize GEMMs, split packed
     projections, then fold; undo each split whose parts were not all folded and delegated
     (rule *split*).
 
@@ -47,6 +49,7 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     as it was.
     """
     base = copy_program(ep)
+    cached = rewrite_kv_caches(base, llm_kernels) if attention else []
     attended = rewrite_attention(base) if attention else []
     facts = find_static(base)
     rewrites = canonicalize(base, facts.static)
@@ -75,8 +78,10 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     result.projections = sites + kept
     result.canonical = rewrites
     result.attention = attended
+    result.kv_cache = cached
     mark_runtime_weights(result, rule_set.prefer)
     if result.program is base and not rewrites and not any(a.rewritten for a in attended) and \
+            not any(c.rewritten for c in cached) and \
             not any(row.runtime_weight for row in result.operands):
         result.program = ep    # nothing changed: the caller's own program
     return result
@@ -143,11 +148,14 @@ def check_no_growth(ep: ExportedProgram, result: FoldResult) -> None:
 
 
 def run(ep: ExportedProgram, probe: Optional[Probe],
-        rule_set: RuleSet = DEFAULT_RULES, attention: bool = True) -> FoldResult:
+        rule_set: RuleSet = DEFAULT_RULES, attention: bool = True,
+        llm_kernels: bool = False) -> FoldResult:
     """Fold what the rules allow; on any internal failure, warn once and return ``ep``.
-    ``attention``: run the attention step (:mod:`xnnfold.steps.attention`)."""
+    ``attention``: run the KV-cache and attention steps (:mod:`xnnfold.steps.kv_cache`,
+    :mod:`xnnfold.steps.attention`); ``llm_kernels``: the KV-cache step may use executorch's
+    LLM kernels."""
     try:
-        result = _split_and_fold(ep, probe, rule_set, attention)
+        result = _split_and_fold(ep, probe, rule_set, attention, llm_kernels)
         check_no_growth(ep, result)
         settle = getattr(probe, "settle", None)   # a verifying probe's last check
         if settle is not None:

@@ -12,4 +12,5 @@ SCRIPTS = {
     "attention-glue": "attention_glue",
     "tied-models": "tied_models",
     "lowering-isolated": "lowering_isolated",
+    "llm-decode": "llm_decode",
 }

@@ -1,0 +1,202 @@
+"""Decoder-only LMs with a static KV cache, built from configs with random weights, the two ways
+users export them for ExecuTorch (issue 29):
+
+- :func:`transformers_lm` — a transformers causal LM wrapped by
+  ``transformers.integrations.executorch.TorchExportableModuleForDecoderOnlyLM`` (static cache,
+  ``cache_implementation="static"``), exported with ``torch.export`` as that wrapper does;
+- :func:`executorch_llama` — executorch's own Llama (``executorch.examples.models.llama``), with
+  its plain KV cache and SDPA, or (``custom=True``) with the custom KV cache and
+  ``llama::custom_sdpa`` / ``llama::update_cache`` its LLM flow (``export_llama``) uses.
+
+Each returns a :class:`DecoderLM`: the eager module, how to call it for one step, and how to
+export one step (``tokens`` tokens at a given position). The sizes default to the issue's:
+hidden 512, 4 layers, 8 heads, 2 KV heads, vocabulary 32,000, cache 1,024; the MLP's width is
+executorch's (``4 * hidden * 2 / 3`` rounded up to 256), on both roads.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma", "smollm")
+
+
+@dataclass(frozen=True)
+class Dims:
+    hidden: int = 512
+    layers: int = 4
+    heads: int = 8
+    kv_heads: int = 2
+    vocab: int = 32_000
+    cache: int = 1024
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def mlp(self) -> int:
+        """executorch's Llama FFN width: 2/3 of 4 x hidden, rounded up to a multiple of 256."""
+        return 256 * math.ceil(int(2 * 4 * self.hidden / 3) / 256)
+
+    @staticmethod
+    def for_hidden(hidden: int, cache: int = 1024, layers: int = 4, vocab: int = 32_000) -> "Dims":
+        """Head size 64, a KV head per four query heads (the issue's 512 / 8 / 2, scaled)."""
+        heads = max(1, hidden // 64)
+        return Dims(hidden, layers, heads, max(1, heads // 4), vocab, cache)
+
+
+@dataclass
+class DecoderLM:
+    """An eager decoder LM with a KV cache and how to export and feed one step of it."""
+
+    name: str
+    module: torch.nn.Module            # stateful: its cache buffers hold the eager run's state
+    dims: Dims
+    # (tokens [1, L] int64, start position) -> the step's inputs, as the .pte takes them
+    step_inputs: Callable[[torch.Tensor, int], tuple]
+    # the step's inputs -> eager logits (mutates the module's cache, as the .pte does its own)
+    run: Callable[[tuple], torch.Tensor]
+    # (tokens in the step, position) -> ExportedProgram of one step
+    export: Callable[..., torch.export.ExportedProgram]
+    # a fresh module with empty caches (for an eager reference run from the start)
+    fresh: Callable[[], "DecoderLM"]
+    strict_edge: bool = True           # False: to_edge needs _check_ir_validity=False (llama::)
+
+
+def _hf_config(arch: str, dims: Dims, **extra):
+    import transformers
+
+    common = dict(hidden_size=dims.hidden, num_hidden_layers=dims.layers,
+                  num_attention_heads=dims.heads, num_key_value_heads=dims.kv_heads,
+                  vocab_size=dims.vocab, intermediate_size=dims.mlp,
+                  max_position_embeddings=max(4096, 2 * dims.cache), **extra)
+    if arch in ("llama", "smollm"):
+        return transformers.LlamaConfig(**common, tie_word_embeddings=arch == "smollm")
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**common, tie_word_embeddings=True)
+    if arch == "phi3":
+        return transformers.Phi3Config(**common, pad_token_id=0)
+    if arch == "gemma":
+        return transformers.GemmaConfig(**common, head_dim=dims.head_dim)
+    raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
+
+
+def _hf_model(arch: str, dims: Dims, seed: int):
+    import transformers
+
+    torch.manual_seed(seed)
+    config = _hf_config(arch, dims)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    # random weights drawn from a wider distribution than the init's, so logits move
+    for name, param in model.named_parameters():
+        if "norm" in name and param.dim() == 1:
+            torch.nn.init.uniform_(param, 0.5, 1.5)
+        elif "bias" in name:
+            torch.nn.init.normal_(param, std=0.1)
+    model.generation_config.cache_implementation = "static"
+    return model
+
+
+def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0) -> DecoderLM:
+    """transformers' ``arch`` (see :data:`ARCHITECTURES`) through its ExecuTorch wrapper:
+    inputs ``(input_ids [1, L], cache_position [L])``, output the logits ``[1, L, vocab]``."""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    model = _hf_model(arch, dims, seed)
+    wrapper = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=dims.cache)
+    inner = wrapper.model          # TorchExportableModuleWithStaticCache: holds the buffers
+    pristine = copy.deepcopy(inner)
+
+    def step_inputs(tokens: torch.Tensor, position: int) -> tuple:
+        return tokens, torch.arange(position, position + tokens.shape[1])
+
+    def run(inputs: tuple) -> torch.Tensor:
+        with torch.no_grad():
+            return inner(input_ids=inputs[0], cache_position=inputs[1])
+
+    def export(tokens: int = 1, position: int = 0, dynamic: bool = False):
+        ids, cache_position = step_inputs(torch.zeros(1, tokens, dtype=torch.long), position)
+        shapes = None
+        if dynamic:
+            length = torch.export.Dim("length", min=1, max=dims.cache - 1)
+            shapes = {"input_ids": {1: length}, "cache_position": {0: length}}
+        with torch.no_grad():
+            return torch.export.export(copy.deepcopy(pristine), args=(),
+                                       kwargs={"input_ids": ids, "cache_position": cache_position},
+                                       dynamic_shapes=shapes, strict=True)
+
+    def fresh() -> DecoderLM:
+        return transformers_lm(arch, dims, seed)
+
+    return DecoderLM(f"transformers-{arch}", inner, dims, step_inputs, run, export, fresh)
+
+
+def executorch_llama(dims: Dims = Dims(), custom: bool = False, seed: int = 0) -> DecoderLM:
+    """executorch's example Llama with a KV cache; ``custom``: its LLM flow's custom KV cache
+    and SDPA ops. Inputs ``(tokens [1, L], input_pos [1])``; output the last token's logits."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    torch.manual_seed(seed)
+    args = ModelArgs(dim=dims.hidden, n_layers=dims.layers, n_heads=dims.heads,
+                     n_kv_heads=dims.kv_heads, vocab_size=dims.vocab, hidden_dim=dims.mlp,
+                     head_dim=dims.head_dim, max_seq_len=dims.cache,
+                     max_context_len=dims.cache, use_kv_cache=True,
+                     use_sdpa_with_kv_cache_op=custom, enable_dynamic_shape=False)
+    module = construct_transformer(args).eval()
+    for name, param in module.named_parameters():
+        if "norm" in name:
+            torch.nn.init.uniform_(param, 0.5, 1.5)
+        else:
+            torch.nn.init.normal_(param, std=0.02)
+    if custom:
+        from executorch.examples.models.llama.source_transformation.custom_kv_cache import (
+            replace_kv_cache_with_custom_kv_cache,
+        )
+        from executorch.examples.models.llama.source_transformation.sdpa import (
+            replace_sdpa_with_custom_op,
+        )
+        replace_kv_cache_with_custom_kv_cache(module)
+        replace_sdpa_with_custom_op(module)
+    pristine = copy.deepcopy(module)
+
+    def step_inputs(tokens: torch.Tensor, position: int) -> tuple:
+        return tokens, torch.tensor([position])
+
+    def run(inputs: tuple) -> torch.Tensor:
+        with torch.no_grad():
+            return module(inputs[0], {"input_pos": inputs[1]})
+
+    def export(tokens: int = 1, position: int = 0, dynamic: bool = False):
+        if dynamic:
+            raise ValueError("executorch's example Llama is exported here with static shapes")
+        example = step_inputs(torch.zeros(1, tokens, dtype=torch.long), position)
+        with torch.no_grad():
+            return torch.export.export(copy.deepcopy(pristine),
+                                       (example[0], {"input_pos": example[1]}), strict=False)
+
+    def fresh() -> DecoderLM:
+        return executorch_llama(dims, custom, seed)
+
+    name = "executorch-llama-custom" if custom else "executorch-llama"
+    return DecoderLM(name, module, dims, step_inputs, run, export, fresh, strict_edge=not custom)
+
+
+def weight_bytes_read(dims: Dims, tied: bool = False) -> int:
+    """fp32 bytes of the weights one decode step reads: every layer's projections and MLP,
+    the norms, the output head, and one row of the embedding table (a tied head reads the
+    table once, as the head)."""
+    d, kv = dims.hidden, dims.kv_heads * dims.head_dim
+    layer = d * d * 2 + d * kv * 2 + 3 * d * dims.mlp + 2 * d
+    return 4 * (dims.layers * layer + d + dims.vocab * d + (0 if tied else d))
+
+
+def cache_bytes_read(dims: Dims, rows: int) -> int:
+    """fp32 bytes of K and V an attention over ``rows`` cache rows reads, all layers."""
+    return 4 * dims.layers * 2 * dims.kv_heads * dims.head_dim * rows
