@@ -27,11 +27,24 @@ from .side_by_side import time_interleaved
 CHECK_STEPS = 4
 
 
+def one_thread() -> None:
+    """One thread for torch and for the runtime: the wheel's runtime has a thread pool of its
+    own (XNNPACK's and the custom ops' parallel loops), sized to the cores, which
+    ``torch.set_num_threads`` does not touch."""
+    from executorch.extension.pybindings import portable_lib
+
+    torch.set_num_threads(1)
+    portable_lib._unsafe_reset_threadpool(1)
+
+
 def machine_line() -> str:
+    from executorch.extension.pybindings import portable_lib
+
     load = os.getloadavg()
     return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load "
             f"average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, torch "
-            f"{torch.__version__}, one thread")
+            f"{torch.__version__}, threads: torch {torch.get_num_threads()}, runtime "
+            f"{portable_lib._threadpool_get_thread_count()}")
 
 
 def copy_bandwidth(megabytes: int = 256, reps: int = 7) -> float:
@@ -99,16 +112,17 @@ def _kernels(ops: list) -> str:
     return ", ".join(custom) if custom else "XNNPACK + portable"
 
 
-def check_steps(variant: Variant, seed: int = 0) -> str:
-    """Run ``CHECK_STEPS`` decode steps from an empty cache on a freshly loaded .pte and on a
-    fresh eager module; the worst comparison of the logits."""
+def check_steps(variant: Variant, seed: int = 0, tokens: int = 1) -> str:
+    """Run ``CHECK_STEPS`` steps of ``tokens`` tokens each (as many as the cache holds) from an
+    empty cache on a freshly loaded .pte and on a fresh eager module; the worst comparison of
+    the logits."""
     lm = variant.lm.fresh()
     runner = PteRunner(variant.pte)
     generator = torch.Generator().manual_seed(seed)
     worst = None
-    for position in range(CHECK_STEPS):
-        tokens = torch.randint(0, lm.dims.vocab, (1, 1), generator=generator)
-        inputs = lm.step_inputs(tokens, position)
+    for step in range(min(CHECK_STEPS, lm.dims.cache // tokens)):
+        ids = torch.randint(0, lm.dims.vocab, (1, tokens), generator=generator)
+        inputs = lm.step_inputs(ids, step * tokens)
         expected = lm.run(inputs)
         verdict = compare_outputs(runner.run(inputs), expected)
         if worst is None or not verdict.ok or verdict.max_abs_diff > worst.max_abs_diff:
@@ -118,13 +132,33 @@ def check_steps(variant: Variant, seed: int = 0) -> str:
     return str(worst)
 
 
-def time_positions(variants: list, positions: list, rounds: int) -> dict:
-    """``{(variant, position): median ms}``: each position's step timed interleaved over all
-    variants (a fresh runner per variant; the step overwrites the same cache row each call)."""
+FLOOR = "memory floor"
+
+
+class CopyFloor:
+    """The memory floor of a step, timed beside it: one thread moving (reading plus writing) as
+    many bytes as the step must read — a torch copy of half that many bytes."""
+
+    def __init__(self, read_bytes: int):
+        self.source = torch.rand(read_bytes // 8)
+        self.target = torch.empty_like(self.source)
+
+    def run(self, _=None):
+        self.target.copy_(self.source)
+
+
+def time_positions(variants: list, positions: list, rounds: int, tokens: int = 1,
+                   floors: Optional[dict] = None) -> dict:
+    """``{(variant, position): median ms}``: each position's step (of ``tokens`` tokens) timed
+    interleaved over all variants (the step overwrites the same cache rows each call), and
+    ``floors`` ({position: bytes the step reads}) timed among them as :class:`CopyFloor`."""
     medians = {}
     for position in positions:
         runners = {v.name: v.runner for v in variants}
-        inputs = {v.name: v.lm.step_inputs(torch.tensor([[1]]), position) for v in variants}
+        ids = torch.ones(1, tokens, dtype=torch.long)
+        inputs = {v.name: v.lm.step_inputs(ids, position) for v in variants}
+        if floors:
+            runners[FLOOR], inputs[FLOOR] = CopyFloor(floors[position]), ()
         for name, times in _interleaved(runners, inputs, rounds).items():
             medians[(name, position)] = statistics.median(times)
     return medians
@@ -142,29 +176,32 @@ def _interleaved(runners: dict, inputs: dict, rounds: int) -> dict:
     return time_interleaved(bound, (), rounds)
 
 
-def portable_share(variant: Variant, position: int) -> tuple:
-    """(ms on portable, % of the step, top portable ops) from an ETDump of a few steps."""
+def outside_delegates(variant: Variant, position: int, tokens: int = 1) -> str:
+    """Where the step's time outside XNNPACK goes, from an ETDump of a few steps: portable
+    kernels and executorch's custom (``llama::``) kernels, each in ms and % of the ETDump's
+    total, and the top ops."""
     from .devtools import DELEGATE, operator_times
 
-    inputs = variant.lm.step_inputs(torch.tensor([[1]]), position)
+    inputs = variant.lm.step_inputs(torch.ones(1, tokens, dtype=torch.long), position)
     ops = operator_times(variant.pte, inputs, runs=5)
-    total = sum(ops.values())
-    portable = total - ops.get(DELEGATE, 0.0)
-    top = [(k, round(v, 3)) for k, v in ops.items() if k != DELEGATE][:4]
-    return portable, 100 * portable / total if total else 0.0, top
+    total = sum(ops.values()) or 1.0
+    custom = sum(v for k, v in ops.items() if "::" in k)
+    portable = total - ops.get(DELEGATE, 0.0) - custom
+    top = ", ".join(f"{k} {v:.3f}" for k, v in ops.items() if k != DELEGATE and v >= 0.0005)
+    return (f"{portable:.2f} ms ({100 * portable / total:.1f}%) | {custom:.2f} ms "
+            f"({100 * custom / total:.1f}%) | {' / '.join(top.split(', ')[:4])}")
 
 
-def memory_floor_ms(dims, position: int, bandwidth: float, tied: bool = False) -> float:
-    """Bytes one step must read — the weights and the cache rows up to ``position`` — at the
-    measured copy bandwidth."""
-    read = decoder_lm.weight_bytes_read(dims, tied) + \
+def bytes_read(dims, position: int, tied: bool = False) -> int:
+    """Bytes one decode step at ``position`` must read: the weights and the cache rows up to
+    the position."""
+    return decoder_lm.weight_bytes_read(dims, tied) + \
         decoder_lm.cache_bytes_read(dims, position + 1)
-    return 1e3 * read / bandwidth
 
 
-def build(road: str, dims, arch: str = "llama"):
+def build(road: str, dims, arch: str = "llama", last_logits: bool = False):
     if road == "hf":
-        return decoder_lm.transformers_lm(arch, dims)
+        return decoder_lm.transformers_lm(arch, dims, last_logits=last_logits)
     if road == "et":
         return decoder_lm.executorch_llama(dims, custom=True)
     return decoder_lm.executorch_llama(dims, custom=False)
@@ -176,7 +213,9 @@ def road_of(variant: str) -> str:
 
 def run_size(hidden: int, cache: int, args, names: list, bandwidth: float) -> None:
     dims = decoder_lm.Dims.for_hidden(hidden, cache, args.layers, args.vocab)
-    positions = [p for p in (int(x) for x in args.positions.split(",")) if p < cache]
+    tokens = args.prefill or 1
+    positions = [0] if args.prefill else \
+        [p for p in (int(x) for x in args.positions.split(",")) if p < cache]
     print(f"\n## hidden {dims.hidden}, {dims.layers} layers, {dims.heads} heads, "
           f"{dims.kv_heads} KV heads, vocab {dims.vocab:,}, cache {cache:,}, MLP {dims.mlp}",
           flush=True)
@@ -184,12 +223,12 @@ def run_size(hidden: int, cache: int, args, names: list, bandwidth: float) -> No
     for name in names:
         road = road_of(name)
         if road not in lms:
-            lms[road] = build(road, dims, args.arch)
+            lms[road] = build(road, dims, args.arch, last_logits=args.last_logits)
             start = time.perf_counter()
-            programs[road] = lms[road].export(tokens=1, position=0)
+            programs[road] = lms[road].export(tokens=tokens, position=0)
             print(f"exported {lms[road].name} in {time.perf_counter() - start:.1f} s", flush=True)
         variant = lower_variant(name, lms[road], programs[road], args.quant)
-        variant.check = check_steps(variant)
+        variant.check = check_steps(variant, tokens=tokens)
         variant.runner = PteRunner(variant.pte)
         variants.append(variant)
         print(f"{name:18s} lowered in {variant.lower_seconds:5.1f} s, .pte "
@@ -198,17 +237,23 @@ def run_size(hidden: int, cache: int, args, names: list, bandwidth: float) -> No
               f"{CHECK_STEPS} steps vs eager: {variant.check}", flush=True)
         for note in variant.explain[:3]:
             print(f"    {note}")
-    medians = time_positions(variants, positions, args.rounds)
+    floors = None if args.prefill else {p: bytes_read(dims, p) for p in positions}
+    medians = time_positions(variants, positions, args.rounds, tokens, floors)
     base = "et-stock" if "et-stock" in names else names[0]
-    print(f"\n| variant | position | decode step (median of {args.rounds}) | vs {base} | "
-          f"vs memory floor | on portable (ETDump) | top portable ops (ms) |")
-    print("|---|---|---|---|---|---|---|")
+    step = f"prefill of {tokens} tokens" if args.prefill else "decode step"
+    print(f"\n| variant | position | {step} (median of {args.rounds}) | vs {base} | "
+          f"vs memory floor | on portable (ETDump) | on llama:: kernels | top ops outside "
+          f"XNNPACK (ms) |")
+    print("|---|---|---|---|---|---|---|---|")
     for position in positions:
-        floor = memory_floor_ms(dims, position, bandwidth)
+        if floors:
+            floor = medians[(FLOOR, position)]
+            print(f"| {FLOOR}: {floors[position] / 1e6:.1f} MB moved, "
+                  f"{floors[position] / floor / 1e6:.1f} GB/s | {position} | {floor:.2f} ms | | "
+                  f"1.00x | | | |")
         for variant in variants:
             ms = medians[(variant.name, position)]
-            share = "" if args.no_etdump else \
-                "{:.2f} ms ({:.1f}%) | {}".format(*portable_share(variant, position))
+            share = " | | " if args.no_etdump else outside_delegates(variant, position, tokens)
+            versus = "" if args.prefill else f"{ms / floor:.2f}x"
             print(f"| {variant.name} | {position} | {ms:.2f} ms | "
-                  f"{ms / medians[(base, position)]:.2f}x | {ms / floor:.2f}x "
-                  f"({floor:.2f} ms) | {share} |", flush=True)
+                  f"{ms / medians[(base, position)]:.2f}x | {versus} | {share} |", flush=True)

@@ -103,14 +103,35 @@ def _hf_model(arch: str, dims: Dims, seed: int):
     return model
 
 
-def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0) -> DecoderLM:
+class _LastLogits(torch.nn.Module):
+    """transformers' static-cache wrapper computing the last token's logits only (as
+    executorch's LLM flow does): its forward, with ``logits_to_keep=1``."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids=None, cache_position=None):
+        for layer in self.inner.static_cache.layers:
+            layer.cumulative_length.copy_(cache_position[0])
+        return self.inner.model(input_ids=input_ids, attention_mask=None,
+                                cache=self.inner.static_cache, use_cache=True,
+                                logits_to_keep=1).logits
+
+
+def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0,
+                    last_logits: bool = False) -> DecoderLM:
     """transformers' ``arch`` (see :data:`ARCHITECTURES`) through its ExecuTorch wrapper:
-    inputs ``(input_ids [1, L], cache_position [L])``, output the logits ``[1, L, vocab]``."""
+    inputs ``(input_ids [1, L], cache_position [L])``, output the logits ``[1, L, vocab]``
+    (``last_logits``: ``[1, 1, vocab]``, the wrapper's forward with ``logits_to_keep=1``, what
+    a prefill for generation needs)."""
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     model = _hf_model(arch, dims, seed)
     wrapper = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=dims.cache)
     inner = wrapper.model          # TorchExportableModuleWithStaticCache: holds the buffers
+    if last_logits:
+        inner = _LastLogits(inner)
     pristine = copy.deepcopy(inner)
 
     def step_inputs(tokens: torch.Tensor, position: int) -> tuple:
@@ -132,9 +153,10 @@ def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0) -> 
                                        dynamic_shapes=shapes, strict=True)
 
     def fresh() -> DecoderLM:
-        return transformers_lm(arch, dims, seed)
+        return transformers_lm(arch, dims, seed, last_logits)
 
-    return DecoderLM(f"transformers-{arch}", inner, dims, step_inputs, run, export, fresh)
+    name = f"transformers-{arch}" + ("-last-logits" if last_logits else "")
+    return DecoderLM(name, inner, dims, step_inputs, run, export, fresh)
 
 
 def executorch_llama(dims: Dims = Dims(), custom: bool = False, seed: int = 0) -> DecoderLM:
@@ -167,7 +189,8 @@ def executorch_llama(dims: Dims = Dims(), custom: bool = False, seed: int = 0) -
     pristine = copy.deepcopy(module)
 
     def step_inputs(tokens: torch.Tensor, position: int) -> tuple:
-        return tokens, torch.tensor([position])
+        # static shapes: every position of the step (the custom ops read the first)
+        return tokens, torch.arange(position, position + tokens.shape[1])
 
     def run(inputs: tuple) -> torch.Tensor:
         with torch.no_grad():

@@ -49,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the transformers architecture (llama, qwen2, phi3, gemma, smollm)")
     parser.add_argument("--prefill", type=int, default=0,
                         help="time a prefill of this many tokens at position 0 instead")
+    parser.add_argument("--last-logits", action="store_true",
+                        help="the transformers road computes the last token's logits only "
+                        "(logits_to_keep=1), as executorch's flow does (for --prefill)")
     parser.add_argument("--quant", choices=["none", "int8", "8da4w"], default="none")
     parser.add_argument("--no-etdump", action="store_true", help="skip the portable share")
     return parser.parse_args(argv)
@@ -64,9 +67,8 @@ def main(argv=None) -> None:
     os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
     from xnnfold.bench.quiet import quiet
     stderr_filter = quiet()
-    import torch
-    torch.set_num_threads(1)
     from xnnfold.bench import decode as bench
+    bench.one_thread()
 
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v.split("+")[0] not in VARIANTS or

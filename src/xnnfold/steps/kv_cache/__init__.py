@@ -37,7 +37,6 @@ from . import grouped, llm_kernels, pattern, positions
 logger = logging.getLogger("xnnfold")
 
 PORTABLE_KERNELS = "XNNPACK + portable"
-LLM_KERNELS = ", ".join(llm_kernels.KERNELS)
 # What the default rewrite leaves outside XNNPACK, and why (explain lists it per attention).
 UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): index_put copies "
                "the whole cache and the runtime writes it back with copy_, unless to_executorch "
@@ -155,7 +154,7 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
     emit = Emitter(context.program.graph, attention.sdpa)
     try:
         if llm_wanted and llm_declined is None:
-            return _llm(context, emit, attention, start, name, caches)
+            return _llm(context, emit, attention, start, name, caches, proven)
         how = grouped.rewrite(emit, attention, context.masks, proven)
     except Exception as error:  # noqa: BLE001 - this attention stays as stock has it
         context.forget(emit.created)
@@ -188,18 +187,34 @@ def _why_not_llm(context: _Context, attention: pattern.CacheAttention, proven: b
 
 
 def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, start, name,
-         caches) -> KVCacheRewrite:
+         caches, proven: bool) -> KVCacheRewrite:
     relaid = []
     try:
         for update in (attention.key, attention.value):
             llm_kernels.relayout(context.program, update, emit.fake_mode)
             relaid.append(update)
-        llm_kernels.rewrite(emit, attention, start, context.started)
+        llm_kernels.update_in_place(emit, attention, start, context.started)
+        if llm_attention() == "custom_sdpa":
+            llm_kernels.custom_sdpa(emit, attention, context.started[start])
+            kernels, how = f"{llm_kernels.UPDATE}, {llm_kernels.SDPA}", \
+                "custom_sdpa attends rows 0 .. P + l only"
+        else:
+            how = grouped.rewrite(emit, attention, context.masks, proven,
+                                  llm_kernels.cache_3d(emit, attention.key),
+                                  llm_kernels.cache_3d(emit, attention.value))
+            kernels = f"{llm_kernels.UPDATE}, {grouped_kernels(attention)}"
+        llm_kernels.erase_old(emit.graph, attention)
     except Exception:
         for update in relaid:          # the buffer back as it was, then the rewrite undone
             llm_kernels.undo_relayout(context.program, update, emit.fake_mode)
         raise
     context.relaid.update(u.buffer for u in relaid)
-    return KVCacheRewrite(name, caches, LLM_KERNELS,
-                          f"{positions.CAUSAL}: custom_sdpa attends rows 0 .. P + l only; "
-                          f"the cache is kept as [B, S, Hkv, D]")
+    return KVCacheRewrite(name, caches, kernels,
+                          f"{positions.CAUSAL}, the update in place; {how}; the cache kept as "
+                          "[B * Hkv, S, 1, D], the same bytes")
+
+
+def llm_attention() -> str:
+    """Which kernel attends over the cache with llm_kernels: custom_sdpa or XNNPACK."""
+    import os
+    return os.environ.get("XNNFOLD_LLM_ATTENTION", "custom_sdpa")

@@ -7,9 +7,9 @@ share it (transformers' ``repeat_kv``, executorch's ``repeat_interleave``): on p
 head ``h`` reads KV head ``h // G`` in both, so the ``G`` query heads of a KV head are ``G`` more
 *rows* of one matrix product with that head's cache: ``q [B, H, L, D]`` reshaped to
 ``[B * Hkv, G * L, D]`` multiplies the cache ``[B * Hkv, S, D]`` as it is, the same products and
-sums as the repeated form, with nothing repeated. While the rows are fewer than the cache (a
-decode step) the cache is the left operand, ``K @ q^T``, read in place, and the small
-``[S, G * L]`` product is transposed instead of the whole cache.
+sums as the repeated form, with nothing repeated. While the rows are fewer than the head size
+(a decode step) the cache is the left operand, ``K @ q^T``, read in place, and the small
+``[S, G * L]`` product is transposed instead of the whole ``[S, D]`` cache.
 
 The mask is turned into an additive one once per program (every layer shares it): on portable,
 on the mask's own ``[L, S]``. Where :func:`.positions.prove_mask` proved it causal from the
@@ -59,8 +59,11 @@ def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype, proven: 
     return additive, emit(aten.to.dtype, alive, dtype)
 
 
-def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven: bool) -> str:
-    """Replace ``attention.sdpa`` by the grouped computation; return how the mask was taken."""
+def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven: bool,
+            key: torch.fx.Node = None, value: torch.fx.Node = None) -> str:
+    """Replace ``attention.sdpa`` by the grouped computation; return how the mask was taken.
+    ``key`` and ``value``: the caches as ``[B * Hkv, S, D]`` (default: the updated caches,
+    reshaped)."""
     q = attention.query
     batch, heads, rows, dim = val(q).shape
     groups, cache = attention.groups, attention.key.shape[2]
@@ -71,10 +74,11 @@ def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven: 
         return emit(aten.reshape.default, x, reshape_arg(shape))
 
     q3 = reshape(emit(aten.mul.Tensor, q, attention.scale), [bh, groups * rows, dim])
-    k3 = reshape(attention.key.node, [bh, cache, dim])
-    v3 = reshape(attention.value.node, [bh, cache, dim])
-    if isinstance(rows, int) and groups * rows < cache:
-        # the cache as the left operand: read in place, not transposed
+    k3 = key if key is not None else reshape(attention.key.node, [bh, cache, dim])
+    v3 = value if value is not None else reshape(attention.value.node, [bh, cache, dim])
+    if isinstance(rows, int) and groups * rows < dim:
+        # a few rows (a decode step): the cache as the left operand, read in place; the small
+        # [S, G * L] product is transposed, not the [S, D] cache
         scores = emit(aten.transpose.int,
                       emit(aten.bmm.default, k3, emit(aten.transpose.int, q3, 1, 2)), 1, 2)
     else:

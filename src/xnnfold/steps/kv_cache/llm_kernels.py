@@ -1,19 +1,25 @@
-"""The cache update and the attention over it on executorch's LLM kernels (opt-in:
-``XnnpackPartitioner(llm_kernels=True)``): ``llama::update_cache`` writes the step's rows into
-the cache buffer in place, and ``llama::custom_sdpa`` attends rows ``0 .. P + l`` only, grouped
-query heads natively. A .pte using them runs on runtimes built with executorch's LLM custom ops
-(the wheel's pybindings, apps linking ``custom_ops``), not on XNNPACK + portable alone.
+"""The cache update, and optionally the attention over it, on executorch's LLM kernels (opt-in:
+``XnnpackPartitioner(llm_kernels=True)``). A .pte using them runs on runtimes built with
+executorch's LLM custom ops (the wheel's pybindings, apps linking its ``custom_ops``), not on
+XNNPACK + portable alone.
 
-Both kernels keep the cache as ``[B, S, Hkv, D]`` (sequence before heads), executorch's custom
-KV cache layout; transformers' and executorch's plain caches are ``[B, Hkv, S, D]``. The buffer
-is the program's own state, read and written by nothing else (:mod:`.pattern` checks that), and
-starts as zeros; it is re-laid out as ``[B, S, Hkv, D]`` (its transpose, so its contents are the
-same rows) and every access to it goes through the two kernels.
+``llama::update_cache(rows [B', L, H', D], cache [B', S, H', D], P)`` writes ``rows`` into
+``cache[:, P:P+L]`` in place: no copy of the cache and no write-back, where the portable
+``index_put`` copies the whole cache and the runtime copies it back. It indexes the sequence
+at dim 1; transformers' and executorch's plain caches are ``[B, Hkv, S, D]`` with the sequence
+at dim 2. The same memory read as ``[B * Hkv, S, 1, D]`` has it at dim 1: the buffer (the
+program's own state, read and written by nothing else, :mod:`.pattern` checks that) is given
+that shape, its bytes untouched, and the step's rows ``[B, Hkv, L, D]`` are passed as
+``[B * Hkv, L, 1, D]``.
+
+The attention then reads the buffer as ``[B * Hkv, S, D]``, in place, either with XNNPACK (the
+grouped rewrite of :mod:`.grouped`, all ``S`` rows under the mask) or with
+``llama::custom_sdpa(q [B * Hkv, L, G, D], cache, cache, P, is_causal=True)`` — each KV head a
+batch entry with its ``G`` query heads — which reads only rows ``0 .. P + l``.
 
 Exact when the update writes rows ``P .. P + L - 1`` and the mask is causal from ``P`` for
-every ``P`` the update accepts (:mod:`.positions`): ``custom_sdpa(is_causal=True, start_pos=P)``
-attends exactly those rows. The rows it skips are the masked ones, whose softmax weight is
-exactly 0 in eager.
+every ``P`` the update accepts (:mod:`.positions`); the rows ``custom_sdpa`` skips are the
+masked ones, whose softmax weight is exactly 0 in eager.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from ..attention.common import Emitter, val
 from .pattern import CacheAttention, CacheUpdate
 
 aten = torch.ops.aten
-KERNELS = ("llama::update_cache", "llama::custom_sdpa")
+UPDATE = "llama::update_cache"
+SDPA = "llama::custom_sdpa"
 
 
 def load_kernels() -> None:
@@ -34,22 +41,25 @@ def load_kernels() -> None:
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
 
 
-def relayout(program, update: CacheUpdate, fake_mode) -> None:
-    """Make ``update``'s buffer ``[B, S, Hkv, D]`` (its state tensor and placeholder)."""
+def _state(program, update: CacheUpdate) -> tuple:
     spec = next(s for s in program.graph_signature.input_specs if s.arg.name == update.buffer.name)
-    state = program.state_dict if spec.persistent else program.constants
-    state[spec.target] = state[spec.target].transpose(1, 2).contiguous()
-    old = val(update.buffer)
+    return (program.state_dict if spec.persistent else program.constants), spec.target
+
+
+def relayout(program, update: CacheUpdate, fake_mode) -> None:
+    """Give ``update``'s buffer the shape ``[B * Hkv, S, 1, D]``: the same bytes, the sequence
+    at dim 1 (its state tensor and its placeholder's fake value)."""
+    b, hkv, s, d = update.shape
+    state, key = _state(program, update)
+    state[key] = state[key].reshape(b * hkv, s, 1, d)
     with fake_mode:
-        update.buffer.meta["val"] = torch.empty(
-            (old.shape[0], old.shape[2], old.shape[1], old.shape[3]), dtype=old.dtype)
+        update.buffer.meta["val"] = torch.empty((b * hkv, s, 1, d), dtype=val(update.buffer).dtype)
 
 
 def undo_relayout(program, update: CacheUpdate, fake_mode) -> None:
     """Put ``update``'s buffer back as :func:`relayout` found it."""
-    spec = next(s for s in program.graph_signature.input_specs if s.arg.name == update.buffer.name)
-    state = program.state_dict if spec.persistent else program.constants
-    state[spec.target] = state[spec.target].transpose(1, 2).contiguous()
+    state, key = _state(program, update)
+    state[key] = state[key].reshape(update.shape)
     with fake_mode:
         update.buffer.meta["val"] = torch.empty(update.shape, dtype=val(update.buffer).dtype)
 
@@ -66,16 +76,6 @@ def _item(emit: Emitter, start: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def _rows_blhd(emit: Emitter, update: CacheUpdate) -> torch.fx.Node:
-    """The update's new rows as ``[B, L, Hkv, D]``."""
-    b, hkv, _, d = update.shape
-    rows = update.rows
-    shape = list(val(rows).shape)
-    if len(shape) != 4 or shape[0] != b or shape[1] != hkv:   # a broadcast value (index_put)
-        rows = emit(aten.reshape.default, rows, [b, hkv, -1, d])
-    return emit(aten.transpose.int, rows, 1, 2)
-
-
 def _beside(emit: Emitter, anchor: torch.fx.Node) -> Emitter:
     """An emitter before ``anchor`` in ``emit``'s fake mode (an anchor without inputs, an
     ``arange``, has none of its own)."""
@@ -84,28 +84,48 @@ def _beside(emit: Emitter, anchor: torch.fx.Node) -> Emitter:
     return other
 
 
-def rewrite(emit: Emitter, attention: CacheAttention, start: torch.fx.Node,
-            started: dict) -> None:
-    """Replace the two updates and the SDPA by ``update_cache`` twice and ``custom_sdpa``.
-    ``started``: {start node: its item() node}, shared by the layers (made right after the
-    start node, before any update reads it)."""
+def update_in_place(emit: Emitter, attention: CacheAttention, start: torch.fx.Node,
+                    started: dict) -> None:
+    """Replace the attention's two cache updates by ``update_cache`` on the re-laid-out
+    buffers. ``started``: {start node: its item() node}, shared by the layers, made right
+    after the start node, before any update reads it."""
     if start not in started:
         at_start = _beside(emit, start.next)
         started[start] = _item(at_start, start)
         emit.created += at_start.created
-    position = started[start]
     for update in (attention.key, attention.value):
+        b, hkv, _, d = update.shape
         at_update = _beside(emit, update.node)
-        rows = _rows_blhd(at_update, update)
-        at_update(torch.ops.llama.update_cache.default, rows, update.buffer, position)
+        rows = at_update(aten.reshape.default, update.rows, [b, hkv, -1, d])  # [B, Hkv, L, D]
+        rows = at_update(aten.unsqueeze.default, rows, 2)                     # [.., L, 1, D]
+        rows = at_update(aten.reshape.default, rows, [b * hkv, -1, 1, d])
+        at_update(torch.ops.llama.update_cache.default, rows, update.buffer, started[start])
         emit.created += at_update.created
-    q = emit(aten.transpose.int, attention.query, 1, 2)                   # [B, L, H, D]
+
+
+def cache_3d(emit: Emitter, update: CacheUpdate) -> torch.fx.Node:
+    """The re-laid-out buffer as ``[B * Hkv, S, D]`` (after its update)."""
+    b, hkv, s, d = update.shape
+    return emit(aten.reshape.default, update.buffer, [b * hkv, s, d])
+
+
+def custom_sdpa(emit: Emitter, attention: CacheAttention, position: torch.fx.Node) -> None:
+    """Replace the SDPA by ``custom_sdpa`` over the re-laid-out buffers."""
+    batch, heads, rows, dim = val(attention.query).shape
+    groups = attention.groups
+    bh = batch * heads // groups
+    q = emit(aten.reshape.default, attention.query, [bh, groups, -1, dim])   # [B*Hkv, G, L, D]
+    q = emit(aten.transpose.int, q, 1, 2)                                     # [B*Hkv, L, G, D]
     out = emit(torch.ops.llama.custom_sdpa.default, q, attention.key.buffer,
                attention.value.buffer, position, None, 0.0, True, attention.scale)
-    out = emit(aten.transpose.int, out, 1, 2)                               # [B, H, L, D]
+    out = emit(aten.transpose.int, out, 1, 2)                                 # [B*Hkv, G, L, D]
+    out = emit(aten.reshape.default, out, [batch, heads, -1, dim])
     attention.sdpa.replace_all_uses_with(out)
-    graph = emit.graph
-    graph.erase_node(attention.sdpa)
+    emit.graph.erase_node(attention.sdpa)
+
+
+def erase_old(graph: torch.fx.Graph, attention: CacheAttention) -> None:
+    """The repeats of the caches and the old updates, which nothing reads any more."""
     for node in attention.repeats:
         graph.erase_node(node)
     for update in (attention.key, attention.value):
