@@ -152,7 +152,8 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
                    run_inputs: Optional[list] = None, tol: Optional[float] = None,
                    rtol: Optional[float] = None, partitioner_kwargs: Optional[dict] = None,
                    ideal=None, stock_run: str = "compare", compare_counts: bool = True,
-                   rules=None, stock_if_modified: bool = False) -> Checked:
+                   rules=None, stock_if_modified: bool = False,
+                   steps: Optional[list] = None) -> Checked:
     """Export (unless ``ep`` is given), lower stock and xnnfold, run both on the runtime.
 
     Asserts what holds for *every* program: xnnfold did not fall back (:class:`Fallback`), the
@@ -176,8 +177,14 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     rule pass one without it). ``stock_if_modified``: lower stock only if xnnfold changed the
     program; if it did not, the xnnfold lowering *is* the stock one (the program handed to the
     stock partitioner's logic is ``ep``, with no GEMM marked), so only the xnnfold .pte is run
-    and ``stock`` is None.
+    and ``stock`` is None. ``steps``: input tuples run *in order* on one loaded program each
+    (a stateful program: a KV cache), against ``reference`` (or ``model``) called in the same
+    order once; ``inputs`` is then only the export example.
     """
+    if steps is not None:
+        assert not (run_inputs or ideal) and stock_run == "compare", "steps runs a sequence only"
+        return _check_steps(model, inputs, ep, reference, steps, tolerance_of(tol, rtol),
+                            partitioner_kwargs, rules, compare_counts)
     if ep is None:
         ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
     tolerance = {"rtol": rtol, "atol": tol}
@@ -242,6 +249,56 @@ def check_lowering(model, inputs, *, dynamic_shapes=None, ep=None, reference=Non
     return checked
 
 
+def tolerance_of(tol, rtol) -> dict:
+    return {"rtol": rtol, "atol": tol}
+
+
+def _run_steps(pte: bytes, steps: list) -> list:
+    """The outputs of each step, run in order on one loaded program."""
+    from xnnfold.bench.measure import PteRunner
+
+    runner = PteRunner(pte)
+    return [runner.run(args) for args in steps]
+
+
+def _check_steps(model, inputs, ep, reference, steps, tolerance, partitioner_kwargs, rules,
+                 compare_counts) -> Checked:
+    """check_lowering over a sequence of steps on one loaded program (see ``steps``)."""
+    if ep is None:
+        ep = torch.export.export(model, inputs)
+    call = reference if reference is not None else model
+    with torch.no_grad():
+        expected = [call(*args) for args in steps]
+    kwargs = {**(partitioner_kwargs or {}), **({"rules": rules} if rules is not None else {})}
+    folded = _lower_xnnfold(ep, kwargs)
+    stock = lower(ep, STOCK, partitioner_kwargs)
+    verdicts = {}
+    for variant, lowered in ((STOCK, stock), (XNNFOLD, folded)):
+        verdict = Comparison(True)
+        for got, want in zip(_run_steps(lowered.pte, steps), expected):
+            verdict = verdict.worst(compare_outputs(got, want, **tolerance))
+        verdicts[variant] = verdict
+    _expect_matches(verdicts[XNNFOLD], "xnnfold")
+    _expect_users_path(ep, folded, kwargs)
+    checked = Checked(stock, folded, verdicts[STOCK].max_abs_diff,
+                      verdicts[XNNFOLD].max_abs_diff)
+    scales = ATTENTION_SCALE_BYTES * (sum(a.rewritten for a in folded.fold.attention) +
+                                      sum(c.rewritten for c in folded.fold.kv_cache))
+    expect(folded.constant_bytes <= stock.constant_bytes + scales, StoredMore,
+           f"xnnfold stores {folded.constant_bytes:,} constant bytes, stock "
+           f"{stock.constant_bytes:,} (+{scales} for attention scales)")
+    if compare_counts:
+        slack = DELEGATE_BYTES_PER_CONSTANT * len(folded.fold.constants)
+        expect(folded.pte_bytes <= stock.pte_bytes + slack, LargerPte,
+               f"xnnfold .pte {folded.pte_bytes:,} bytes, stock {stock.pte_bytes:,}")
+        expect(folded.delegate_calls <= stock.delegate_calls, DelegateCalls,
+               f"xnnfold {folded.delegate_calls} delegate calls, stock {stock.delegate_calls}")
+        expect(len(folded.gemms_outside) <= len(stock.gemms_outside), GemmsOutside,
+               f"GEMMs outside delegates: xnnfold {folded.gemms_outside}, stock "
+               f"{stock.gemms_outside}")
+    return checked
+
+
 def _lower_xnnfold(ep, kwargs: dict) -> Lowered:
     """Lower with xnnfold; a fallback (or, in strict mode, the error raised in its place) is a
     :class:`Fallback`."""
@@ -262,7 +319,8 @@ def fold_record(result) -> tuple:
     """What a fold decided, comparable between two runs of it."""
     return ([(o.gemm, o.role, o.status, o.rule, o.delegated, o.runtime_weight)
              for o in result.operands],
-            sorted((c.name, tuple(c.shape), c.dtype, tuple(c.consumers)) for c in result.constants))
+            sorted((c.name, tuple(c.shape), c.dtype, tuple(c.consumers)) for c in result.constants),
+            [(c.node, c.kernels, c.kept_because) for c in result.kv_cache])
 
 
 def _expect_users_path(ep, folded: Lowered, kwargs: dict) -> None:
