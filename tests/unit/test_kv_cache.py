@@ -154,15 +154,17 @@ def test_one_query_head_per_kv_head():
     assert matches(program, module, sequence).ok
 
 
-def test_window_mask_keeps_llm_kernels_away():
-    """A sliding window is not causal from the position: the default rewrite (all rows under
-    the mask) takes it; custom_sdpa would attend the rows the window blocks."""
+def test_window_mask_keeps_custom_sdpa_away():
+    """A sliding window is not causal from the position: the cache is still updated in place,
+    but XNNPACK attends all rows under the mask; custom_sdpa would attend the rows the window
+    blocks."""
     module = CacheAttention("hf", mask="window")
     sequence = steps(count=6)
     _, program, records = rewritten(module, sequence[0], llm=True)
     record = records[0]
-    assert record.rewritten and record.llm_declined.startswith("at position")
-    assert "llama" not in record.kernels
+    assert record.rewritten and record.llm_declined.startswith("custom_sdpa: at position")
+    assert record.kernels.startswith("llama::update_cache, XNNPACK + portable")
+    assert "llama.custom_sdpa.default" not in ops_of(program)
     assert matches(program, module, sequence).ok
 
 
@@ -188,7 +190,7 @@ def test_padding_mask_empty_rows_keep_factor():
     module, sequence = padding_case()
     _, program, records = rewritten(module, sequence[0], llm=True)
     record = records[0]
-    assert record.proven == "fully blocked rows handled by a keep factor"
+    assert "fully blocked rows handled by a keep factor" in record.proven
     assert "a user input" in record.llm_declined
     assert matches(program, module, sequence).ok
 
@@ -321,3 +323,33 @@ def test_explain_names_what_stays_outside():
     text = records[0].describe()
     assert text.startswith("kv_cache step: attention")
     assert "index_put" in text and "run_reinplace_pass=True" in text
+
+
+def scattered_steps():
+    """Three tokens a step, written at scattered positions (2, 0, 1 then 5, 3, 4)."""
+    gen = torch.Generator().manual_seed(3)
+    return [(torch.randn(1, 3, E, generator=gen), torch.tensor(p)) for p in ([2, 0, 1],
+                                                                             [5, 3, 4])]
+
+
+def test_scattered_positions_keep_the_update_on_portable():
+    module = CacheAttention("et")
+    sequence = scattered_steps()
+    _, program, records = rewritten(module, sequence[0], llm=True)
+    record = records[0]
+    assert record.rewritten and "are not arange(L) + P" in record.llm_declined
+    assert "aten.index_put_.default" in ops_of(program)
+    assert matches(program, module, sequence).ok
+
+
+def test_scattered_positions_wrong_without_the_guard(monkeypatch):
+    monkeypatch.setattr(positions, "start_of", lambda node, numbers: numbers(node))
+    monkeypatch.setenv("XNNFOLD_STRICT", "0")
+    module = CacheAttention("et")
+    sequence = scattered_steps()
+    try:
+        _, program, records = rewritten(module, sequence[0], llm=True)
+        verdict = matches(program, module, sequence)
+    except Exception:       # noqa: BLE001 - failing to run is one way of being wrong
+        return
+    assert not (records[0].kernels.startswith("llama::") and verdict.ok)

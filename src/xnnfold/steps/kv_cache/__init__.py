@@ -148,13 +148,12 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
                                                           context.numbers):
         start = None
     proven, why_not = context.proof(attention, start)
-    llm_declined = None
-    if llm_wanted:
-        llm_declined = _why_not_llm(context, attention, proven, why_not)
+    update_declined = _why_not_update(context, attention, start) if llm_wanted else None
+    sdpa_declined = None if proven else why_not
     emit = Emitter(context.program.graph, attention.sdpa)
     try:
-        if llm_wanted and llm_declined is None:
-            return _llm(context, emit, attention, start, name, caches, proven)
+        if llm_wanted and update_declined is None:
+            return _llm(context, emit, attention, start, name, caches, proven, sdpa_declined)
         how = grouped.rewrite(emit, attention, context.masks, proven)
     except Exception as error:  # noqa: BLE001 - this attention stays as stock has it
         context.forget(emit.created)
@@ -164,7 +163,7 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
         return KVCacheRewrite(name, caches, kept_because=reason)
     left = (UPDATE_LEFT,) + ((MASK_LEFT,) if attention.mask is not None else ())
     return KVCacheRewrite(name, caches, grouped_kernels(attention), how, left=left,
-                          llm_declined=llm_declined)
+                          llm_declined=update_declined)
 
 
 def grouped_kernels(attention) -> str:
@@ -172,12 +171,14 @@ def grouped_kernels(attention) -> str:
                                if attention.groups > 1 else "")
 
 
-def _why_not_llm(context: _Context, attention: pattern.CacheAttention, proven: bool,
-                 why_not: Optional[str]) -> Optional[str]:
-    if not proven:
-        return why_not
+def _why_not_update(context: _Context, attention: pattern.CacheAttention, start
+                    ) -> Optional[str]:
+    """Why the caches cannot be updated in place by ``llama::update_cache``, or None."""
+    if start is None:
+        return ("the positions written are not arange(L) + P (or a single position) for "
+                "both caches")
+    chain = set(attention.repeats) | {attention.sdpa}
     for update in (attention.key, attention.value):
-        chain = set(attention.repeats) | {attention.sdpa}
         others = [u for u in update.node.users if u not in chain]
         if others:
             return f"the updated cache {update.target} is also read by {others[0].name}"
@@ -187,14 +188,17 @@ def _why_not_llm(context: _Context, attention: pattern.CacheAttention, proven: b
 
 
 def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, start, name,
-         caches, proven: bool) -> KVCacheRewrite:
+         caches, proven: bool, sdpa_declined: Optional[str]) -> KVCacheRewrite:
+    """The caches updated in place by ``update_cache``; the attention over them by
+    ``custom_sdpa`` where the mask is proven causal from the position, else by XNNPACK under
+    the mask."""
     relaid = []
     try:
         for update in (attention.key, attention.value):
             llm_kernels.relayout(context.program, update, emit.fake_mode)
             relaid.append(update)
         llm_kernels.update_in_place(emit, attention, start, context.started)
-        if llm_attention() == "custom_sdpa":
+        if sdpa_declined is None:
             llm_kernels.custom_sdpa(emit, attention, context.started[start])
             kernels, how = f"{llm_kernels.UPDATE}, {llm_kernels.SDPA}", \
                 "custom_sdpa attends rows 0 .. P + l only"
@@ -209,12 +213,9 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
             llm_kernels.undo_relayout(context.program, update, emit.fake_mode)
         raise
     context.relaid.update(u.buffer for u in relaid)
+    left = () if sdpa_declined is None else (MASK_LEFT,)
     return KVCacheRewrite(name, caches, kernels,
-                          f"{positions.CAUSAL}, the update in place; {how}; the cache kept as "
-                          "[B * Hkv, S, 1, D], the same bytes")
-
-
-def llm_attention() -> str:
-    """Which kernel attends over the cache with llm_kernels: custom_sdpa or XNNPACK."""
-    import os
-    return os.environ.get("XNNFOLD_LLM_ATTENTION", "custom_sdpa")
+                          f"rows P .. P + L - 1 written in place; {how}; the cache kept as "
+                          "[B * Hkv, S, 1, D], the same bytes", left=left,
+                          llm_declined=None if sdpa_declined is None else
+                          f"custom_sdpa: {sdpa_declined}")

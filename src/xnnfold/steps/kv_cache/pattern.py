@@ -24,7 +24,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from ..attention.common import val
+from ..attention.common import dequantized, val
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
@@ -226,6 +226,9 @@ def _why_not(node, a, q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int
         return f"dtype {q.dtype}: the rewrite is for fp32 caches"
     if q.dim() != 4:
         return f"a {q.dim()}-D query, not [B, H, L, D]"
+    if any(dequantized(x) for x in (a["query"], key.rows, value.rows)):
+        return ("q, k or v is dequantized (static int8): XNNPACK would take the attention's "
+                "ops as quantized ones")
     (b, hkv, s, d), (vb, vh, vs, vd) = key.shape, value.shape
     if (b, hkv, s) != (vb, vh, vs) or gk != gv or gk < 1 or q.shape[1] != hkv * gk:
         return (f"key cache {key.shape}, value cache {value.shape} and {q.shape[1]} query heads "
