@@ -131,7 +131,7 @@ def test_rewrite_equals_eager_over_steps(style, llm):
         assert records[0].kernels == "llama::update_cache, llama::custom_sdpa"
     else:
         assert not any(op.startswith("llama.") for op in ops), ops
-        assert records[0].proven == "mask proven causal: no fully blocked row"
+        assert records[0].proven.startswith("mask proven causal: no fully blocked row")
     # the caller's program is not touched
     assert "aten.scaled_dot_product_attention.default" in ops_of(ep)
     assert tuple(ep.constants["k_cache"].shape) == (1, KV, S, D)

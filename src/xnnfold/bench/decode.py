@@ -192,19 +192,18 @@ def outside_delegates(variant: Variant, position: int, tokens: int = 1) -> str:
             f"({100 * custom / total:.1f}%) | {' / '.join(top.split(', ')[:4])}")
 
 
-def bytes_read(dims, position: int, tied: bool = False) -> int:
+def bytes_read(dims, position: int, tied: bool = False, quant: str = "none") -> int:
     """Bytes one decode step at ``position`` must read: the weights and the cache rows up to
     the position."""
-    return decoder_lm.weight_bytes_read(dims, tied) + \
+    return decoder_lm.weight_bytes_read(dims, tied, quant) + \
         decoder_lm.cache_bytes_read(dims, position + 1)
 
 
-def build(road: str, dims, arch: str = "llama", last_logits: bool = False):
+def build(road: str, dims, arch: str = "llama", last_logits: bool = False,
+          quant: str = "none"):
     if road == "hf":
-        return decoder_lm.transformers_lm(arch, dims, last_logits=last_logits)
-    if road == "et":
-        return decoder_lm.executorch_llama(dims, custom=True)
-    return decoder_lm.executorch_llama(dims, custom=False)
+        return decoder_lm.transformers_lm(arch, dims, last_logits=last_logits, quant=quant)
+    return decoder_lm.executorch_llama(dims, custom=road == "et", quant=quant)
 
 
 def road_of(variant: str) -> str:
@@ -223,7 +222,8 @@ def run_size(hidden: int, cache: int, args, names: list, bandwidth: float) -> No
     for name in names:
         road = road_of(name)
         if road not in lms:
-            lms[road] = build(road, dims, args.arch, last_logits=args.last_logits)
+            lms[road] = build(road, dims, args.arch, last_logits=args.last_logits,
+                              quant=args.quant)
             start = time.perf_counter()
             programs[road] = lms[road].export(tokens=tokens, position=0)
             print(f"exported {lms[road].name} in {time.perf_counter() - start:.1f} s", flush=True)
@@ -237,7 +237,8 @@ def run_size(hidden: int, cache: int, args, names: list, bandwidth: float) -> No
               f"{CHECK_STEPS} steps vs eager: {variant.check}", flush=True)
         for note in variant.explain[:3]:
             print(f"    {note}")
-    floors = None if args.prefill else {p: bytes_read(dims, p) for p in positions}
+    floors = None if args.prefill else {p: bytes_read(dims, p, quant=args.quant)
+                                        for p in positions}
     medians = time_positions(variants, positions, args.rounds, tokens, floors)
     base = "et-stock" if "et-stock" in names else names[0]
     step = f"prefill of {tokens} tokens" if args.prefill else "decode step"

@@ -67,6 +67,8 @@ class DecoderLM:
     # a fresh module with empty caches (for an eager reference run from the start)
     fresh: Callable[[], "DecoderLM"]
     strict_edge: bool = True           # False: to_edge needs _check_ir_validity=False (llama::)
+    # (module, the step's inputs) -> (args, kwargs) its forward takes
+    call_args: Callable[[tuple], tuple] = None
 
 
 def _hf_config(arch: str, dims: Dims, **extra):
@@ -122,15 +124,68 @@ class _LastLogits(torch.nn.Module):
                                 logits_to_keep=1).logits
 
 
+QUANTIZATIONS = ("none", "int8", "8da4w")
+
+
+def _quantized_8da4w(model: torch.nn.Module, group_size: int = 128) -> None:
+    """torchao's 8-bit dynamic activation, 4-bit weight linears (groups of 128), as executorch's
+    LLM flow quantizes (``export_llama --qmode 8da4w``): every ``nn.Linear`` whose input size
+    the group divides, in place."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    quantize_(model, Int8DynamicActivationIntxWeightConfig(
+        weight_dtype=torch.int4, weight_granularity=PerGroup(group_size)),
+        filter_fn=lambda m, _: isinstance(m, torch.nn.Linear) and
+        m.weight.shape[1] % group_size == 0)
+
+
+def pt2e_dynamic_int8(lm: DecoderLM) -> DecoderLM:
+    """``lm`` quantized by the XNNPACK PT2E quantizer, dynamic per-channel int8 linears: its
+    exported step prepared, run once, converted; the converted module is the eager reference
+    and what is exported."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer, get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(
+        is_per_channel=True, is_dynamic=True))
+    example = lm.step_inputs(torch.zeros(1, 1, dtype=torch.long), 0)
+    with torch.no_grad():
+        prepared = prepare_pt2e(lm.export().module(), quantizer)
+        args, kwargs = lm.call_args(example)
+        prepared(*args, **kwargs)
+        converted = convert_pt2e(prepared)
+    pristine = copy.deepcopy(converted)
+
+    def run(inputs: tuple) -> torch.Tensor:
+        args, kwargs = lm.call_args(inputs)
+        with torch.no_grad():
+            return converted(*args, **kwargs)
+
+    def export(tokens: int = 1, position: int = 0, dynamic: bool = False):
+        args, kwargs = lm.call_args(lm.step_inputs(torch.zeros(1, tokens, dtype=torch.long),
+                                                   position))
+        with torch.no_grad():
+            return torch.export.export(copy.deepcopy(pristine), args, kwargs, strict=False)
+
+    return DecoderLM(f"{lm.name}-int8", converted, lm.dims, lm.step_inputs, run, export,
+                     lambda: pt2e_dynamic_int8(lm.fresh()), lm.strict_edge, lm.call_args)
+
+
 def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0,
-                    last_logits: bool = False) -> DecoderLM:
+                    last_logits: bool = False, quant: str = "none") -> DecoderLM:
     """transformers' ``arch`` (see :data:`ARCHITECTURES`) through its ExecuTorch wrapper:
     inputs ``(input_ids [1, L], cache_position [L])``, output the logits ``[1, L, vocab]``
     (``last_logits``: ``[1, 1, vocab]``, the wrapper's forward with ``logits_to_keep=1``, what
-    a prefill for generation needs)."""
+    a prefill for generation needs). ``quant``: see :data:`QUANTIZATIONS`."""
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
+    if quant == "int8":
+        return pt2e_dynamic_int8(transformers_lm(arch, dims, seed, last_logits))
     model = _hf_model(arch, dims, seed)
+    if quant == "8da4w":
+        _quantized_8da4w(model)
     wrapper = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=dims.cache)
     inner = wrapper.model          # TorchExportableModuleWithStaticCache: holds the buffers
     if last_logits:
@@ -156,17 +211,26 @@ def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0,
                                        dynamic_shapes=shapes, strict=True)
 
     def fresh() -> DecoderLM:
-        return transformers_lm(arch, dims, seed, last_logits)
+        return transformers_lm(arch, dims, seed, last_logits, quant)
 
-    name = f"transformers-{arch}" + ("-last-logits" if last_logits else "")
-    return DecoderLM(name, inner, dims, step_inputs, run, export, fresh)
+    def call_args(inputs: tuple) -> tuple:
+        return (), {"input_ids": inputs[0], "cache_position": inputs[1]}
+
+    name = f"transformers-{arch}" + ("-last-logits" if last_logits else "") + \
+        ("" if quant == "none" else f"-{quant}")
+    return DecoderLM(name, inner, dims, step_inputs, run, export, fresh, call_args=call_args)
 
 
-def executorch_llama(dims: Dims = Dims(), custom: bool = False, seed: int = 0) -> DecoderLM:
+def executorch_llama(dims: Dims = Dims(), custom: bool = False, seed: int = 0,
+                     quant: str = "none") -> DecoderLM:
     """executorch's example Llama with a KV cache; ``custom``: its LLM flow's custom KV cache
-    and SDPA ops. Inputs ``(tokens [1, L], input_pos [1])``; output the last token's logits."""
+    and SDPA ops. Inputs ``(tokens [1, L], input_pos [L])``; output the last token's logits.
+    ``quant``: see :data:`QUANTIZATIONS`."""
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
+
+    if quant == "int8":
+        return pt2e_dynamic_int8(executorch_llama(dims, custom, seed))
 
     torch.manual_seed(seed)
     args = ModelArgs(dim=dims.hidden, n_layers=dims.layers, n_heads=dims.heads,
@@ -189,6 +253,8 @@ def executorch_llama(dims: Dims = Dims(), custom: bool = False, seed: int = 0) -
         )
         replace_kv_cache_with_custom_kv_cache(module)
         replace_sdpa_with_custom_op(module)
+    if quant == "8da4w":
+        _quantized_8da4w(module)
     pristine = copy.deepcopy(module)
 
     def step_inputs(tokens: torch.Tensor, position: int) -> tuple:
@@ -208,19 +274,30 @@ def executorch_llama(dims: Dims = Dims(), custom: bool = False, seed: int = 0) -
                                        (example[0], {"input_pos": example[1]}), strict=False)
 
     def fresh() -> DecoderLM:
-        return executorch_llama(dims, custom, seed)
+        return executorch_llama(dims, custom, seed, quant)
 
-    name = "executorch-llama-custom" if custom else "executorch-llama"
-    return DecoderLM(name, module, dims, step_inputs, run, export, fresh, strict_edge=not custom)
+    def call_args(inputs: tuple) -> tuple:
+        return (inputs[0], {"input_pos": inputs[1]}), {}
+
+    name = ("executorch-llama-custom" if custom else "executorch-llama") + \
+        ("" if quant == "none" else f"-{quant}")
+    return DecoderLM(name, module, dims, step_inputs, run, export, fresh, strict_edge=not custom,
+                     call_args=call_args)
 
 
-def weight_bytes_read(dims: Dims, tied: bool = False) -> int:
-    """fp32 bytes of the weights one decode step reads: every layer's projections and MLP,
-    the norms, the output head, and one row of the embedding table (a tied head reads the
-    table once, as the head)."""
+# bytes a quantized linear reads per weight: int8 per channel (a scale per row, negligible),
+# int4 in groups of 128 with an fp32 scale each
+WEIGHT_BYTES = {"none": 4.0, "int8": 1.0, "8da4w": 0.5 + 4 / 128}
+
+
+def weight_bytes_read(dims: Dims, tied: bool = False, quant: str = "none") -> int:
+    """Bytes of the weights one decode step reads: every layer's projections and MLP and the
+    output head (``quant``: as stored), the norms, and one fp32 row of the embedding table (a
+    tied head reads the table once, as the head)."""
     d, kv = dims.hidden, dims.kv_heads * dims.head_dim
-    layer = d * d * 2 + d * kv * 2 + 3 * d * dims.mlp + 2 * d
-    return 4 * (dims.layers * layer + d + dims.vocab * d + (0 if tied else d))
+    linears = dims.layers * (d * d * 2 + d * kv * 2 + 3 * d * dims.mlp) + dims.vocab * d
+    return int(WEIGHT_BYTES[quant] * linears) + 4 * (dims.layers * 2 * d + d +
+                                                      (0 if tied else d))
 
 
 def cache_bytes_read(dims: Dims, rows: int) -> int:

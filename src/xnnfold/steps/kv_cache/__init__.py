@@ -32,7 +32,7 @@ from torch.export import ExportedProgram
 from ...analysis import static_inputs
 from ...errors import warn_or_raise
 from ..attention.common import Emitter
-from . import grouped, llm_kernels, pattern, positions
+from . import grouped, layout, llm_kernels, pattern, positions
 
 logger = logging.getLogger("xnnfold")
 
@@ -151,10 +151,15 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
     update_declined = _why_not_update(context, attention, start) if llm_wanted else None
     sdpa_declined = None if proven else why_not
     emit = Emitter(context.program.graph, attention.sdpa)
+    if not llm_wanted:
+        update_declined = _why_not_update(context, attention, start, need_start=False)
     try:
         if llm_wanted and update_declined is None:
             return _llm(context, emit, attention, start, name, caches, proven, sdpa_declined)
-        how = grouped.rewrite(emit, attention, context.masks, proven)
+        if update_declined is None:
+            how = _flat(context, emit, attention, proven)
+        else:
+            how = grouped.rewrite(emit, attention, context.masks, proven)
     except Exception as error:  # noqa: BLE001 - this attention stays as stock has it
         context.forget(emit.created)
         emit.discard()
@@ -163,7 +168,7 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
         return KVCacheRewrite(name, caches, kept_because=reason)
     left = (UPDATE_LEFT,) + ((MASK_LEFT,) if attention.mask is not None else ())
     return KVCacheRewrite(name, caches, grouped_kernels(attention), how, left=left,
-                          llm_declined=update_declined)
+                          llm_declined=update_declined if llm_wanted else None)
 
 
 def grouped_kernels(attention) -> str:
@@ -171,10 +176,11 @@ def grouped_kernels(attention) -> str:
                                if attention.groups > 1 else "")
 
 
-def _why_not_update(context: _Context, attention: pattern.CacheAttention, start
-                    ) -> Optional[str]:
-    """Why the caches cannot be updated in place by ``llama::update_cache``, or None."""
-    if start is None:
+def _why_not_update(context: _Context, attention: pattern.CacheAttention, start,
+                    need_start: bool = True) -> Optional[str]:
+    """Why the caches cannot be re-shaped (and, ``need_start``, updated in place by
+    ``llama::update_cache``), or None."""
+    if need_start and start is None:
         return ("the positions written are not arange(L) + P (or a single position) for "
                 "both caches")
     chain = set(attention.repeats) | {attention.sdpa}
@@ -187,6 +193,28 @@ def _why_not_update(context: _Context, attention: pattern.CacheAttention, start
     return None
 
 
+def _flat(context: _Context, emit: Emitter, attention: pattern.CacheAttention, proven: bool
+          ) -> str:
+    """The default rewrite on caches re-shaped ``[B * Hkv, S, D]``: the same updates, on dim 1,
+    and the attention reading the updated buffers as they are."""
+    reshaped, flat = [], []
+    try:
+        for update in (attention.key, attention.value):
+            layout.reshape_buffer(context.program, update, layout.flat_shape(update),
+                                  emit.fake_mode)
+            reshaped.append(update)
+        for update in (attention.key, attention.value):
+            flat.append(layout.update_flat(emit, update))
+        how = grouped.rewrite(emit, attention, context.masks, proven, *flat)
+        llm_kernels.erase_old(emit.graph, attention)
+    except Exception:
+        for update in reshaped:
+            layout.restore_buffer(context.program, update, emit.fake_mode)
+        raise
+    context.relaid.update(u.buffer for u in reshaped)
+    return how + "; the cache kept as [B * Hkv, S, D], the same bytes"
+
+
 def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, start, name,
          caches, proven: bool, sdpa_declined: Optional[str]) -> KVCacheRewrite:
     """The caches updated in place by ``update_cache``; the attention over them by
@@ -195,7 +223,8 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
     relaid = []
     try:
         for update in (attention.key, attention.value):
-            llm_kernels.relayout(context.program, update, emit.fake_mode)
+            b, hkv, s, d = update.shape
+            layout.reshape_buffer(context.program, update, (b * hkv, s, 1, d), emit.fake_mode)
             relaid.append(update)
         llm_kernels.update_in_place(emit, attention, start, context.started)
         if sdpa_declined is None:
@@ -210,7 +239,7 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
         llm_kernels.erase_old(emit.graph, attention)
     except Exception:
         for update in relaid:          # the buffer back as it was, then the rewrite undone
-            llm_kernels.undo_relayout(context.program, update, emit.fake_mode)
+            layout.restore_buffer(context.program, update, emit.fake_mode)
         raise
     context.relaid.update(u.buffer for u in relaid)
     left = () if sdpa_declined is None else (MASK_LEFT,)

@@ -7,9 +7,7 @@ share it (transformers' ``repeat_kv``, executorch's ``repeat_interleave``): on p
 head ``h`` reads KV head ``h // G`` in both, so the ``G`` query heads of a KV head are ``G`` more
 *rows* of one matrix product with that head's cache: ``q [B, H, L, D]`` reshaped to
 ``[B * Hkv, G * L, D]`` multiplies the cache ``[B * Hkv, S, D]`` as it is, the same products and
-sums as the repeated form, with nothing repeated. While the rows are fewer than the head size
-(a decode step) the cache is the left operand, ``K @ q^T``, read in place, and the small
-``[S, G * L]`` product is transposed instead of the whole ``[S, D]`` cache.
+sums as the repeated form, with nothing repeated.
 
 The mask is turned into an additive one once per program (every layer shares it): on portable,
 on the mask's own ``[L, S]``. Where :func:`.positions.prove_mask` proved it causal from the
@@ -76,13 +74,10 @@ def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven: 
     q3 = reshape(emit(aten.mul.Tensor, q, attention.scale), [bh, groups * rows, dim])
     k3 = key if key is not None else reshape(attention.key.node, [bh, cache, dim])
     v3 = value if value is not None else reshape(attention.value.node, [bh, cache, dim])
-    if isinstance(rows, int) and groups * rows < dim:
-        # a few rows (a decode step): the cache as the left operand, read in place; the small
-        # [S, G * L] product is transposed, not the [S, D] cache
-        scores = emit(aten.transpose.int,
-                      emit(aten.bmm.default, k3, emit(aten.transpose.int, q3, 1, 2)), 1, 2)
-    else:
-        scores = emit(aten.bmm.default, q3, emit(aten.transpose.int, k3, 1, 2))
+    # q @ K^T with K^T as the right operand: XNNPACK packs the right operand of a bmm on every
+    # run anyway (taking the transpose with it); the cache as the left operand, K @ q^T, with
+    # only G * L columns, measured slower (0.157 against 0.119 ms, 2,048 rows, 2 KV heads)
+    scores = emit(aten.bmm.default, q3, emit(aten.transpose.int, k3, 1, 2))
     keep, how = None, "no mask"
     if attention.mask is not None:
         additive, keep = masks.get(emit, attention.mask, val(q).dtype, proven)

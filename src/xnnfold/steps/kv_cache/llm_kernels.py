@@ -29,6 +29,7 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
 
 from ..attention.common import Emitter, val
+from . import layout
 from .pattern import CacheAttention, CacheUpdate
 
 aten = torch.ops.aten
@@ -39,29 +40,6 @@ SDPA = "llama::custom_sdpa"
 def load_kernels() -> None:
     """Register the export-side definitions of executorch's LLM ops."""
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
-
-
-def _state(program, update: CacheUpdate) -> tuple:
-    spec = next(s for s in program.graph_signature.input_specs if s.arg.name == update.buffer.name)
-    return (program.state_dict if spec.persistent else program.constants), spec.target
-
-
-def relayout(program, update: CacheUpdate, fake_mode) -> None:
-    """Give ``update``'s buffer the shape ``[B * Hkv, S, 1, D]``: the same bytes, the sequence
-    at dim 1 (its state tensor and its placeholder's fake value)."""
-    b, hkv, s, d = update.shape
-    state, key = _state(program, update)
-    state[key] = state[key].reshape(b * hkv, s, 1, d)
-    with fake_mode:
-        update.buffer.meta["val"] = torch.empty((b * hkv, s, 1, d), dtype=val(update.buffer).dtype)
-
-
-def undo_relayout(program, update: CacheUpdate, fake_mode) -> None:
-    """Put ``update``'s buffer back as :func:`relayout` found it."""
-    state, key = _state(program, update)
-    state[key] = state[key].reshape(update.shape)
-    with fake_mode:
-        update.buffer.meta["val"] = torch.empty(update.shape, dtype=val(update.buffer).dtype)
 
 
 def _item(emit: Emitter, start: torch.fx.Node) -> torch.fx.Node:
@@ -94,19 +72,15 @@ def update_in_place(emit: Emitter, attention: CacheAttention, start: torch.fx.No
         started[start] = _item(at_start, start)
         emit.created += at_start.created
     for update in (attention.key, attention.value):
-        b, hkv, _, d = update.shape
         at_update = _beside(emit, update.node)
-        rows = at_update(aten.reshape.default, update.rows, [b, hkv, -1, d])  # [B, Hkv, L, D]
-        rows = at_update(aten.unsqueeze.default, rows, 2)                     # [.., L, 1, D]
-        rows = at_update(aten.reshape.default, rows, [b * hkv, -1, 1, d])
+        rows = layout.rows_flat(at_update, update, extra_dim=True)   # [B * Hkv, L, 1, D]
         at_update(torch.ops.llama.update_cache.default, rows, update.buffer, started[start])
         emit.created += at_update.created
 
 
 def cache_3d(emit: Emitter, update: CacheUpdate) -> torch.fx.Node:
-    """The re-laid-out buffer as ``[B * Hkv, S, D]`` (after its update)."""
-    b, hkv, s, d = update.shape
-    return emit(aten.reshape.default, update.buffer, [b * hkv, s, d])
+    """The re-shaped buffer as ``[B * Hkv, S, D]`` (after its update)."""
+    return emit(aten.reshape.default, update.buffer, list(layout.flat_shape(update)))
 
 
 def custom_sdpa(emit: Emitter, attention: CacheAttention, position: torch.fx.Node) -> None:
