@@ -270,8 +270,9 @@ def _check_steps(model, inputs, ep, reference, steps, tolerance, partitioner_kwa
     with torch.no_grad():
         expected = [call(*args) for args in steps]
     kwargs = {**(partitioner_kwargs or {}), **({"rules": rules} if rules is not None else {})}
-    folded = _lower_xnnfold(ep, kwargs)
+    # stock first, as users compare: xnnfold must lower a program stock has lowered before
     stock = lower(ep, STOCK, partitioner_kwargs)
+    folded = _lower_xnnfold(ep, kwargs)
     verdicts = {}
     for variant, lowered in ((STOCK, stock), (XNNFOLD, folded)):
         verdict = Comparison(True)

@@ -61,8 +61,11 @@ def format_explanation(rows: list, fallback: Optional[str] = None, projections=N
               r.node or r.constant or "", r.reason or ""] for r in rows]
     text = _columns(["gemm", "module (class)", "kind", "operand", "status", "rule",
                      "node / constant", "reason"], table) if table else "no GEMM"
-    for cached in getattr(rows, "kv_cache", []):
-        text += f"\n{cached.describe()}"
+    cached = getattr(rows, "kv_cache", [])
+    for record in cached:
+        text += f"\n{record.describe()}"
+    if cached:
+        text += f"\n{kernels_needed(cached)}"
     for attention in getattr(rows, "attention", []):
         text += f"\n{attention.describe()}"
     for rewrite in getattr(rows, "canonical", []):
@@ -72,6 +75,17 @@ def format_explanation(rows: list, fallback: Optional[str] = None, projections=N
     if fallback:
         text += f"\nxnnfold fell back to stock: {fallback}"
     return text
+
+
+def kernels_needed(kv_cache: list) -> str:
+    """Which kernels the lowered program needs, after the KV-cache step."""
+    custom = sorted({k.strip() for r in kv_cache if r.rewritten and r.kernels
+                     for k in r.kernels.split(",") if "::" in k})
+    if not custom:
+        return "kernels the .pte needs: XNNPACK and the portable kernels (any runtime)"
+    return (f"kernels the .pte needs: XNNPACK, the portable kernels and executorch's LLM custom "
+            f"ops {', '.join(custom)} (a runtime built with them: the wheel's pybindings, apps "
+            f"linking executorch's custom_ops)")
 
 
 def _columns(headers: list, rows: list) -> str:

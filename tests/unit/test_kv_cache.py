@@ -353,3 +353,13 @@ def test_scattered_positions_wrong_without_the_guard(monkeypatch):
     except Exception:       # noqa: BLE001 - failing to run is one way of being wrong
         return
     assert not (records[0].kernels.startswith("llama::") and verdict.ok)
+
+
+def test_explain_says_which_kernels_the_pte_needs():
+    from xnnfold.explain import Explanation, format_explanation
+
+    for llm, needs in ((False, "XNNPACK and the portable kernels (any runtime)"),
+                       (True, "llama::custom_sdpa, llama::update_cache")):
+        _, _, records = rewritten(CacheAttention("hf"), steps()[0], llm)
+        text = format_explanation(Explanation([], kv_cache=records))
+        assert "kernels the .pte needs: " in text and needs in text, text

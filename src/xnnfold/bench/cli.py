@@ -60,7 +60,7 @@ def _cmd_explain(args) -> int:
         _require("explain --all", "tabulate")
     program = _load(args.program, args.quantize)
     if not args.all:
-        result = xnnfold.fold_gemm_params(program)
+        result = xnnfold.fold_gemm_params(program, llm_kernels=args.llm_kernels)
         print(xnnfold.format_explanation(Explanation.of(result)))
         return 0
     from tabulate import tabulate
@@ -68,7 +68,7 @@ def _cmd_explain(args) -> int:
     from .devtools import why_not_delegated
 
     # One lowering answers both: the GEMM table from its fold, the rest from XNNPACK's log.
-    partitioner = xnnfold.XnnpackPartitioner()
+    partitioner = xnnfold.XnnpackPartitioner(llm_kernels=args.llm_kernels)
     rows = why_not_delegated(program, partitioner)
     result = partitioner.last_result
     print(xnnfold.format_explanation(Explanation.of(result)))
@@ -91,7 +91,8 @@ def _cmd_lower(args) -> int:
         raise UsageError(f"{args.output}: folder {output.parent} does not exist")
     try:
         lowered = lower(program, STOCK if args.stock else XNNFOLD,
-                        None if args.stock else {"prefer": args.prefer})
+                        None if args.stock else {"prefer": args.prefer,
+                                                 "llm_kernels": args.llm_kernels})
     except Exception as error:  # noqa: BLE001 - a program stock cannot lower either
         raise UsageError(f"{args.program}: lowering failed ({type(error).__name__}: "
                          f"{str(error).splitlines()[0][:200]})")
@@ -184,6 +185,11 @@ def _cmd_hf(args) -> int:
     return 0
 
 
+_LLM_KERNELS_HELP = ("a KV cache's update and attention on executorch's llama::update_cache / "
+                     "llama::custom_sdpa where proven exact: the .pte then needs a runtime with "
+                     "executorch's LLM custom ops")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xnnfold", description="Fold computed GEMM weights so XNNPACK delegates them.")
@@ -228,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     low.add_argument("--prefer", choices=["speed", "size"], default="speed",
                      help="where speed and size trade (a tied head): speed keeps stock's choice, "
                      "size stores the table once and repacks it on every call")
+    low.add_argument("--llm-kernels", action="store_true", help=_LLM_KERNELS_HELP)
     low.set_defaults(func=_cmd_lower)
 
     exp = commands.add_parser("explain", help="per-GEMM: plain, folded or declined and why")
@@ -237,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="PT2E-quantize a factory's model first (XNNPACK quantizer)")
     exp.add_argument("--all", action="store_true",
                      help="also list every op left outside delegates, with XNNPACK's reason")
+    exp.add_argument("--llm-kernels", action="store_true", help=_LLM_KERNELS_HELP)
     exp.set_defaults(func=_cmd_explain)
     hug = commands.add_parser("hf", help="a transformers model saved with save_pretrained "
                               "(Whisper, a causal LM, a ViT) to .pte through xnnfold")

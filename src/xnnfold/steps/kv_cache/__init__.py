@@ -148,15 +148,17 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
                                                           context.numbers):
         start = None
     proven, why_not = context.proof(attention, start)
-    update_declined = _why_not_update(context, attention, start) if llm_wanted else None
-    sdpa_declined = None if proven else why_not
+    # the caches re-shaped (both paths) only where this attention alone reads them
+    private = _why_not_private(context, attention)
+    in_place = private or (None if start is not None else
+                           "the positions written are not arange(L) + P (or a single "
+                           "position) for both caches")
     emit = Emitter(context.program.graph, attention.sdpa)
-    if not llm_wanted:
-        update_declined = _why_not_update(context, attention, start, need_start=False)
     try:
-        if llm_wanted and update_declined is None:
-            return _llm(context, emit, attention, start, name, caches, proven, sdpa_declined)
-        if update_declined is None:
+        if llm_wanted and in_place is None:
+            return _llm(context, emit, attention, start, name, caches, proven,
+                        None if proven else why_not)
+        if private is None:
             how = _flat(context, emit, attention, proven)
         else:
             how = grouped.rewrite(emit, attention, context.masks, proven)
@@ -168,7 +170,7 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
         return KVCacheRewrite(name, caches, kept_because=reason)
     left = (UPDATE_LEFT,) + ((MASK_LEFT,) if attention.mask is not None else ())
     return KVCacheRewrite(name, caches, grouped_kernels(attention), how, left=left,
-                          llm_declined=update_declined if llm_wanted else None)
+                          llm_declined=in_place if llm_wanted else None)
 
 
 def grouped_kernels(attention) -> str:
@@ -176,13 +178,8 @@ def grouped_kernels(attention) -> str:
                                if attention.groups > 1 else "")
 
 
-def _why_not_update(context: _Context, attention: pattern.CacheAttention, start,
-                    need_start: bool = True) -> Optional[str]:
-    """Why the caches cannot be re-shaped (and, ``need_start``, updated in place by
-    ``llama::update_cache``), or None."""
-    if need_start and start is None:
-        return ("the positions written are not arange(L) + P (or a single position) for "
-                "both caches")
+def _why_not_private(context: _Context, attention: pattern.CacheAttention) -> Optional[str]:
+    """Why the caches are not this attention's alone (then they keep their shape), or None."""
     chain = set(attention.repeats) | {attention.sdpa}
     for update in (attention.key, attention.value):
         others = [u for u in update.node.users if u not in chain]

@@ -28,7 +28,10 @@ def _state(program, update: CacheUpdate) -> tuple:
 def reshape_buffer(program, update: CacheUpdate, shape: tuple, fake_mode) -> None:
     """Give ``update``'s buffer ``shape`` (its state tensor and placeholder's fake value)."""
     state, key = _state(program, update)
-    state[key] = state[key].reshape(shape)
+    # a tensor of its own, not a view of the caller's: a view's base, already fakified by
+    # a lowering of the caller's program, is remembered by its FakeTensorMode with other
+    # metadata, and fakifying the view then fails (requires_grad False != True)
+    state[key] = state[key].reshape(shape).clone()
     with fake_mode:
         update.buffer.meta["val"] = torch.empty(shape, dtype=val(update.buffer).dtype)
 
