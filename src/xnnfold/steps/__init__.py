@@ -1,5 +1,10 @@
 """The steps of the pass, in the order a program takes them (see :mod:`xnnfold.pipeline`):
 
+0. :mod:`.kv_cache` — each attention of a decoder LM over its static KV cache (transformers'
+   ExecuTorch export, executorch's example Llama) rewritten without repeating the cache for
+   grouped-query attention, its buffers read in place; with ``llm_kernels=True``, the update
+   and the attention on executorch's ``llama::update_cache`` / ``llama::custom_sdpa`` where
+   proven exact;
 1. :mod:`.attention` — each ``scaled_dot_product_attention`` and batched ``matmul`` of
    activations rewritten into ops XNNPACK takes (no safe-softmax, expand or scale glue left on
    portable), where that is exact; masked rows keep eager's zeros;
