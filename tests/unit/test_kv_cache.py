@@ -363,3 +363,22 @@ def test_explain_says_which_kernels_the_pte_needs():
         _, _, records = rewritten(CacheAttention("hf"), steps()[0], llm)
         text = format_explanation(Explanation([], kv_cache=records))
         assert "kernels the .pte needs: " in text and needs in text, text
+
+
+class LeakyRepeat(CacheAttention):
+    """Also returns a sum over the repeated key cache: the repeat must stay."""
+
+    def forward(self, x, cache_position):
+        out = super().forward(x, cache_position)
+        return out, self._repeat(self.k_cache).sum()
+
+
+def test_repeated_cache_read_elsewhere_keeps_the_cache_shape():
+    module = LeakyRepeat("hf")
+    sequence = steps()
+    _, program, records = rewritten(module, sequence[0], llm=True)
+    record = records[0]
+    assert record.rewritten and "is also read by" in record.llm_declined, record
+    assert "[B * Hkv" not in record.proven
+    assert tuple(program.constants["k_cache"].shape) == (1, KV, S, D)
+    assert matches(program, module, sequence).ok

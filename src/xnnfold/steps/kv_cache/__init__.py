@@ -181,10 +181,11 @@ def grouped_kernels(attention) -> str:
 def _why_not_private(context: _Context, attention: pattern.CacheAttention) -> Optional[str]:
     """Why the caches are not this attention's alone (then they keep their shape), or None."""
     chain = set(attention.repeats) | {attention.sdpa}
-    for update in (attention.key, attention.value):
-        others = [u for u in update.node.users if u not in chain]
+    for node in [attention.key.node, attention.value.node] + attention.repeats:
+        others = [u for u in node.users if u not in chain]
         if others:
-            return f"the updated cache {update.target} is also read by {others[0].name}"
+            return f"the updated cache ({node.name}) is also read by {others[0].name}"
+    for update in (attention.key, attention.value):
         if update.buffer in context.relaid:
             return f"the cache {update.target} is read by another attention"
     return None

@@ -130,7 +130,19 @@ def _as_update(buffer: torch.fx.Node, writers: list, target: str):
     p = val(positions)
     if p is None or p.dim() != 1 or p.dtype not in (torch.int64, torch.int32):
         return f"{node.name}: positions are not a 1-D integer tensor"
+    b, hkv, _, d = cache.shape
+    if _unpadded(val(rows).shape) != _unpadded([b, hkv, p.shape[0], d]):
+        return (f"{node.name}: rows {tuple(val(rows).shape)} broadcast to "
+                f"[{b}, {hkv}, L, {d}]")
     return CacheUpdate(node, buffer, target, positions, rows, tuple(cache.shape))
+
+
+def _unpadded(shape) -> list:
+    """``shape`` without its leading 1s (the dims a broadcast may add)."""
+    shape = list(shape)
+    while shape and isinstance(shape[0], int) and shape[0] == 1:
+        shape.pop(0)
+    return shape
 
 
 def _through_reshape(node):
