@@ -382,3 +382,16 @@ def test_repeated_cache_read_elsewhere_keeps_the_cache_shape():
     assert "[B * Hkv" not in record.proven
     assert tuple(program.constants["k_cache"].shape) == (1, KV, S, D)
     assert matches(program, module, sequence).ok
+
+
+def test_llm_decode_help_answers_before_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom xnnfold.bench.scripts import llm_decode\n"
+            "try:\n    llm_decode.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip().endswith("False"), done.stdout[-300:] + done.stderr[-300:]
+    assert "--prefill" in done.stdout
