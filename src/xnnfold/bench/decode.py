@@ -112,7 +112,13 @@ def _kernels(ops: list) -> str:
     return ", ".join(custom) if custom else "XNNPACK + portable"
 
 
-def check_steps(variant: Variant, seed: int = 0, tokens: int = 1) -> str:
+# Dynamic int8 activations: XNNPACK's integer kernels against the eager reference's fp32
+# simulation of them differ by a few hundredths in the logits (stock's .pte as much as
+# xnnfold's): the check is then that every variant stays within that.
+QUANT_ATOL = {"none": None, "int8": 5e-2, "8da4w": 1e-1}
+
+
+def check_steps(variant: Variant, seed: int = 0, tokens: int = 1, atol=None) -> str:
     """Run ``CHECK_STEPS`` steps of ``tokens`` tokens each (as many as the cache holds) from an
     empty cache on a freshly loaded .pte and on a fresh eager module; the worst comparison of
     the logits."""
@@ -124,7 +130,7 @@ def check_steps(variant: Variant, seed: int = 0, tokens: int = 1) -> str:
         ids = torch.randint(0, lm.dims.vocab, (1, tokens), generator=generator)
         inputs = lm.step_inputs(ids, step * tokens)
         expected = lm.run(inputs)
-        verdict = compare_outputs(runner.run(inputs), expected)
+        verdict = compare_outputs(runner.run(inputs), expected, atol=atol)
         if worst is None or not verdict.ok or verdict.max_abs_diff > worst.max_abs_diff:
             worst = verdict
         if not verdict.ok:
@@ -228,7 +234,7 @@ def run_size(hidden: int, cache: int, args, names: list, bandwidth: float) -> No
             programs[road] = lms[road].export(tokens=tokens, position=0)
             print(f"exported {lms[road].name} in {time.perf_counter() - start:.1f} s", flush=True)
         variant = lower_variant(name, lms[road], programs[road], args.quant)
-        variant.check = check_steps(variant, tokens=tokens)
+        variant.check = check_steps(variant, tokens=tokens, atol=QUANT_ATOL[args.quant])
         variant.runner = PteRunner(variant.pte)
         variants.append(variant)
         print(f"{name:18s} lowered in {variant.lower_seconds:5.1f} s, .pte "
