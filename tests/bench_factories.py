@@ -40,3 +40,26 @@ def not_exportable():
 
 
 NOT_CALLABLE = 3
+
+
+class WhereMask(nn.Module):
+    """``mask[torch.where(...)] = False``, as transformers' Mask2Former query decoder writes
+    it: executorch 1.5.1 lowers it (with or without a partitioner) to a portable
+    ``slice_copy`` between tensors of different dim orders, and the .pte fails at run time
+    (error 0x12)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(5, 5)
+
+    def forward(self, x, mask):
+        mask = mask.clone()
+        mask[torch.where(mask.sum(-1) == mask.shape[-1])] = False
+        return self.linear(x).masked_fill(mask, 0.0)
+
+
+def where_mask():
+    torch.manual_seed(0)
+    mask = torch.rand(2, 4, 5) > 0.3
+    mask[0, 1] = True
+    return WhereMask(), (torch.randn(2, 4, 5), mask)

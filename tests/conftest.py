@@ -7,6 +7,7 @@ its guard prevents, not a regex that could match the text of some other assertio
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import random
@@ -71,6 +72,11 @@ class UnexpectedFold(AssertionError):
 
 class UsersPathDiffers(AssertionError):
     """The fold with verification off (users' path) differs from the verified one."""
+
+
+class InvalidProgram(AssertionError):
+    """The fold's program fails ``validate()`` or a ``torch.export.save`` / ``load`` round trip
+    that the input program passes."""
 
 
 def expect(condition, failure: type, message) -> None:
@@ -337,6 +343,32 @@ def _expect_users_path(ep, folded: Lowered, kwargs: dict) -> None:
            f"with verification off, xnnfold fell back: {unverified.fallback}")
     expect(fold_record(unverified) == fold_record(folded.fold), UsersPathDiffers,
            f"verification off: {fold_record(unverified)}; on: {fold_record(folded.fold)}")
+    expect_valid(ep, unverified.program)
+
+
+def round_trip(program):
+    """``program`` saved with ``torch.export.save`` and loaded back."""
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    buffer.seek(0)
+    return torch.export.load(buffer)
+
+
+def expect_valid(ep, program) -> None:
+    """The fold's ``program`` passes torch's checker and round-trips through save / load, as
+    the fold-as-a-pass road needs (:class:`InvalidProgram`), unless the input ``ep`` itself
+    does not."""
+    if program is ep:
+        return
+    try:
+        program.validate()
+        round_trip(program)
+    except Exception as error:  # noqa: BLE001 - compared with the input's own round trip
+        try:
+            round_trip(ep)
+        except Exception:  # noqa: BLE001 - torch cannot save the input: not the fold's doing
+            return
+        raise InvalidProgram(f"the folded program: {type(error).__name__}: {error}") from error
 
 
 def _check_xnnfold_alone(model, ep, folded, inputs, run_inputs, tolerance, kwargs) -> Checked:

@@ -12,7 +12,7 @@ from xnnfold.steps.fold import evaluate
 from xnnfold.bench import models
 from xnnfold.bench.measure import STOCK, XNNFOLD, compare_outputs, inspect_lowered, lower, run_pte
 
-from conftest import check_lowering
+from conftest import check_lowering, round_trip
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,20 @@ def test_folded_program_lowers_on_the_legacy_path(cross):
     assert ops.count("aten.addmm.default") <= stock_ops.count("aten.addmm.default") + 1
     verdict = compare_outputs(run_pte(pte, case.inputs), case.model(*case.inputs))
     assert verdict.ok, verdict
+
+
+def test_the_record_of_a_lowering_stays_a_valid_program(cross):
+    """The lowering deletes the constants it moves into delegates from the program it is given
+    (run_decompositions shares its constants dict): it is given a copy, and
+    ``last_result.program``, what the fold returned, stays valid and saves."""
+    case, ep = cross
+    partitioner = xnnfold.XnnpackPartitioner()
+    to_edge_transform_and_lower(ep, partitioner=[partitioner])
+    program = partitioner.last_result.program
+    assert program is not ep and len(program.constants) == 6
+    program.validate()
+    torch.testing.assert_close(round_trip(program).module()(*case.inputs),
+                               case.model(*case.inputs))
 
 
 def test_bad_input_is_a_clear_type_error():

@@ -220,3 +220,83 @@ def test_a_zoo_model_whose_package_does_not_import_is_skipped_in_one_line(tmp_pa
                        "import of transformers halted; None in sys.modules); "
                        "pip install -e '.[zoo]'"], done.stdout
     assert json.loads((tmp_path / "report.json").read_text())["skipped"].keys() == {"vit-toy"}
+
+
+# --------------------------------------------------------------------------------------------
+# Ctrl-C during the report: exit 130 at once, nothing left running
+
+def _session(leader: int) -> dict:
+    """{pid: parent pid} of the processes in ``leader``'s session."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == leader:                     # state ppid pgrp session
+            found[int(entry)] = int(fields[1])
+    return found
+
+
+@pytest.mark.parametrize("to", ["group", "parent"])
+def test_ctrl_c_stops_the_report_at_once(tmp_path, to):
+    """The terminal's Ctrl-C (SIGINT to the process group: the report, its forkserver, the
+    lowering process) or a SIGINT to the report alone, while a variant lowers: exit 130 with
+    one line, no KeyboardInterrupt of a child, no process left."""
+    import signal
+    import threading
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, TESTS])}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "xnnfold", "report", "--models", "lora-linear", "--variants",
+         "stock,xnnfold", "--reps", "2", "--out", str(tmp_path)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS, start_new_session=True)
+    err = []
+    reader = threading.Thread(target=lambda: err.append(process.stderr.read()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    # a lowering process at work: a grandchild of the report (forked by its forkserver)
+    while not any(parent != process.pid and parent in _session(process.pid)
+                  for parent in _session(process.pid).values()):
+        assert process.poll() is None and time.monotonic() < deadline, "no lowering started"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    start = time.monotonic()
+    if to == "group":
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGINT)
+    code = process.wait(timeout=60)
+    seconds = time.monotonic() - start
+    reader.join(10)
+    stderr = err[0] if err else ""
+    assert code == 130, (code, stderr[-3000:])
+    assert stderr.rstrip().endswith("xnnfold: interrupted"), stderr[-2000:]
+    assert "KeyboardInterrupt" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    print(f"SIGINT to the {to}: exit 130 after {seconds:.2f} s")
+    assert seconds < 10, seconds            # measured well under 2 s; a hang is the failure
+    while _session(process.pid) and time.monotonic() < start + 15:
+        time.sleep(0.2)
+    assert _session(process.pid) == {}, _session(process.pid)
+
+
+def test_report_quantized_on_a_factory_and_a_built_in_model(tmp_path):
+    """--quantize dynamic in the report: each model PT2E-quantized in every lowering process,
+    its .pte run there and here and compared with the converted module (int8 tolerance)."""
+    done = _run("-m", "xnnfold", "report", "bench_factories:mean_head", "lora-linear",
+                "--quantize", "dynamic", "--variants", "stock,xnnfold", "--reps", "2",
+                "--no-profile", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "report.json").read_text())["rows"]
+    assert {(r["model"], r["variant"]) for r in rows} == {
+        (model, variant) for model in ("bench_factories:mean_head int8-dynamic",
+                                       "lora-linear int8-dynamic")
+        for variant in (STOCK, XNNFOLD)}
+    for row in rows:
+        assert row["error"] is None and row["outputs_ok"] and row["rounds"] == 2, row
+        assert row["gemms_outside"] == 0, row
+    assert (tmp_path / "latency.png").stat().st_size > 0

@@ -217,3 +217,80 @@ def test_lower_prefer_size_stores_a_tied_table_once(tmp_path, capsys):
         sizes[prefer] = len(out.read_bytes())
     # the table's 12,800 bytes, less the run-time input's few entries (measured: 80 bytes)
     assert sizes["speed"] - sizes["size"] >= 200 * 16 * 4 - 128, sizes
+
+
+# --------------------------------------------------------------------------------------------
+# --quantize end to end, and lower --check: the .pte run on the ExecuTorch runtime
+
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def test_quantize_dynamic_lowers_checks_and_runs_a_factory(user_folder, monkeypatch, capsys):
+    from xnnfold.bench.compare import compare_outputs, quantized_tolerance
+    from xnnfold.bench.sources import ModelSource
+    monkeypatch.chdir(user_folder)
+    out = user_folder / "q.pte"
+    assert cli.main(["lower", "mymodel:build", "--quantize", "dynamic", "-o", str(out),
+                     "--check"]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "GEMMs outside delegates: 0" in printed, printed
+    assert "check: runs on the ExecuTorch runtime and matches eager (max abs diff" in printed
+    case = ModelSource.of("mymodel:build", "dynamic").build()
+    with torch.no_grad():
+        expected = case.model(*case.inputs)
+    verdict = compare_outputs(run_pte(out.read_bytes(), case.inputs), expected,
+                              **quantized_tolerance(expected))
+    assert verdict.ok and verdict.max_abs_diff > 0, verdict     # int8 arithmetic, for real
+    assert cli.main(["explain", "mymodel:build", "--quantize", "dynamic"]) == 0
+    assert "head (ParametrizedLinear)" in capsys.readouterr().out
+
+
+def test_quantize_static_on_a_saved_program(saved, tmp_path, capsys):
+    case, path = saved
+    out = tmp_path / "s.pte"
+    assert cli.main(["lower", str(path), "--quantize", "static", "-o", str(out),
+                     "--check"]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "GEMMs outside delegates: 0" in printed and "check: runs" in printed, printed
+    assert len(run_pte(out.read_bytes(), case.inputs)) == 1
+    assert cli.main(["explain", str(path), "--quantize", "static"]) == 0
+    assert "folded" in capsys.readouterr().out
+
+
+def test_check_fails_in_one_line_when_the_pte_does_not_run(tmp_path):
+    # stock, so that a fix of this pattern in xnnfold's pass leaves the test's point intact
+    done = _xnnfold("lower", "bench_factories:where_mask", "--stock", "--check", "-o",
+                    str(tmp_path / "w.pte"), cwd=TESTS)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(err) == 1, done.stderr[-3000:]
+    assert err[0].startswith(f"xnnfold: error: {tmp_path / 'w.pte'}: check failed: the .pte "
+                             "does not run on the ExecuTorch runtime: RuntimeError: Failed to "
+                             "execute method forward, error: 0x12 ("), err
+    assert "in operator aten::slice_copy.Tensor_out" in err[0], err      # the runtime's words
+
+
+def test_check_fails_in_one_line_when_the_pte_aborts_the_runtime(tmp_path):
+    # executorch 1.5.1's portable quantize_per_channel asserts on a float scale: stock's .pte
+    # of a statically quantized LoRA linear aborts the process that runs it
+    done = _xnnfold("lower", "lora-linear", "--quantize", "static", "--stock", "--check",
+                    "-o", str(tmp_path / "l.pte"), cwd=tmp_path)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(err) == 1, done.stderr[-3000:]
+    assert "does not run on the ExecuTorch runtime: its process was killed by SIGABRT (In " \
+           "function quantize_per_channel_out(), assert failed" in err[0], err
+
+
+def test_report_shows_a_pte_that_does_not_run_and_exits_1(tmp_path):
+    done = _xnnfold("report", "bench_factories:where_mask", "--variants", "stock",
+                    "--reps", "1", "--out", str(tmp_path / "out"), cwd=TESTS)
+    assert done.returncode == 1, done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines()
+               if line.startswith("bench_factories:where_mask "))
+    assert row.split()[1:] == ["stock", "failed", "[1]"], row
+    assert "\n[1] the .pte does not run on the ExecuTorch runtime: RuntimeError: Failed to " \
+           "execute method forward, error: 0x12" in done.stdout, done.stdout
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "xnnfold: error: every variant of bench_factories:where_mask failed (first: the .pte "
+        "does not run"), done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.json",
+                                                                    "report.md"]

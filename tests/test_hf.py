@@ -1,10 +1,16 @@
 """``xnnfold hf``: transformers models saved with save_pretrained in a local folder (toy
-configs, random weights) to .pte files through xnnfold, with the stock comparison."""
+configs, random weights) to .pte files through xnnfold, each checked against eager on the
+runtime; a causal LM's generation-ready .pte (``xnnfold.llm``) against eager transformers'
+greedy generation; ``xnnfold generate``."""
 
 import pytest
 import torch
+from torch import nn
 
-from xnnfold.bench import cli, zoo
+from conftest import seed_everything
+from xnnfold.bench import cli, hf, zoo
+from xnnfold.bench.compare import compare_outputs
+from xnnfold.bench.hf_generation import compare_logits
 from xnnfold.bench.measure import run_pte
 
 
@@ -41,6 +47,7 @@ def test_whisper_encoder_and_decoder_step_with_the_stock_comparison(tf, tmp_path
     rows = _rows(capsys.readouterr().out)
     assert set(rows) == {(p, v) for p in ("encoder", "decoder") for v in ("stock", "xnnfold")}
     assert all(cells[2] == "0" for cells in rows.values()), rows        # GEMMs outside
+    assert all(cells[5:8] == ["max", "abs", "diff"] for cells in rows.values()), rows
     # the decoder's head is tied to the token table: stock stores it twice, xnnfold once
     assert int(rows["decoder", "xnnfold"][4].replace(",", "")) < \
         int(rows["decoder", "stock"][4].replace(",", "")), rows
@@ -49,31 +56,300 @@ def test_whisper_encoder_and_decoder_step_with_the_stock_comparison(tf, tmp_path
     assert states.shape == (1, 50, 64)
 
 
-def test_causal_lm_and_vit(tf, tmp_path, capsys):
+def test_causal_lm_logits_without_a_cache(tf, tmp_path, capsys):
     torch.manual_seed(0)
     gpt2 = _saved(tmp_path / "gpt2", tf.GPT2LMHeadModel(tf.GPT2Config(
         n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=16)))
-    vit = _saved(tmp_path / "vit", tf.ViTModel(tf.ViTConfig(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        image_size=16, patch_size=8)))
-    # the stock comparison is the whisper test's: here, xnnfold only (one lowering each)
-    assert cli.main(["hf", str(gpt2), "-o", str(tmp_path / "lm.pte")]) == 0
+    assert cli.main(["hf", str(gpt2), "-o", str(tmp_path / "lm.pte"), "--no-cache"]) == 0
     rows = _rows(capsys.readouterr().out)
     assert set(rows) == {("model", "xnnfold")} and rows["model", "xnnfold"][2] == "0", rows
     (logits,) = run_pte((tmp_path / "lm.pte").read_bytes(), (torch.randint(0, 100, (1, 8)),))
     assert logits.shape == (1, 8, 100)
     # GPT-2's lm_head is an nn.Linear tied to the token table: --prefer size stores it once
     assert cli.main(["hf", str(gpt2), "-o", str(tmp_path / "lm-size.pte"), "--prefer",
-                     "size"]) == 0
+                     "size", "--no-cache"]) == 0
     capsys.readouterr()
     default, size = ((tmp_path / f).stat().st_size for f in ("lm.pte", "lm-size.pte"))
     assert size < default - 100 * 32 * 4 * 0.9, (size, default)
-    assert cli.main(["hf", str(vit), "-o", str(tmp_path / "vit.pte")]) == 0
-    assert set(_rows(capsys.readouterr().out)) == {("model", "xnnfold")}
-    assert (tmp_path / "vit.pte").stat().st_size > 0
+
+
+def test_vit_classifier_gives_its_logits(tf, tmp_path, capsys):
+    """Issue 31: the class config.json names, not the base model (whose .pte returned hidden
+    states (1, 5, 32) where the classifier's logits are (1, 5))."""
+    torch.manual_seed(0)
+    model = tf.ViTForImageClassification(tf.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        image_size=16, patch_size=8, num_labels=5)).eval()
+    folder = _saved(tmp_path / "vit", model)
+    assert cli.main(["hf", str(folder), "-o", str(tmp_path / "vit.pte")]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert rows["model", "xnnfold"][5:8] == ["max", "abs", "diff"], rows
+    image = torch.randn(1, 3, 16, 16)
+    (logits,) = run_pte((tmp_path / "vit.pte").read_bytes(), (image,))
+    with torch.no_grad():
+        expected = model(pixel_values=image).logits
+    assert compare_outputs([logits], expected).ok and logits.shape == (1, 5)
+
+
+def test_text_classifier_seq2seq_and_clip(tf, tmp_path, capsys):
+    """What issue 31 saw refused after 20 s of loading: a BERT classifier (input ids and a
+    mask), T5 (encoder + decoder step) and CLIP (text and vision encoders), each checked
+    against eager by default."""
+    torch.manual_seed(0)
+    folders = {
+        "bert": tf.BertForSequenceClassification(tf.BertConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+            vocab_size=100, max_position_embeddings=16, num_labels=3)),
+        "t5": tf.T5ForConditionalGeneration(tf.T5Config(
+            d_model=32, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=2, d_kv=16,
+            vocab_size=100)),
+        "clip": tf.CLIPModel(tf.CLIPConfig(
+            text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=2, vocab_size=100, max_position_embeddings=16,
+                             bos_token_id=0, eos_token_id=2, pad_token_id=1),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=2, image_size=16, patch_size=8),
+            projection_dim=16))}
+    parts = {"bert": ["model"], "t5": ["encoder", "decoder"], "clip": ["text", "vision"]}
+    for name, model in folders.items():
+        folder = _saved(tmp_path / name, model)
+        assert cli.main(["hf", str(folder), "-o", str(tmp_path / f"{name}.pte")]) == 0, name
+        rows = _rows(capsys.readouterr().out)
+        assert sorted(p for p, _ in rows) == sorted(parts[name]), rows
+        assert all(r[2] == "0" and r[5:8] == ["max", "abs", "diff"] for r in rows.values())
+    ids, mask = torch.randint(0, 100, (1, 8)), torch.ones(1, 8, dtype=torch.long)
+    mask[0, 5:] = 0
+    (logits,) = run_pte((tmp_path / "bert.pte").read_bytes(), (ids, mask))
+    with torch.no_grad():
+        expected = folders["bert"].eval()(input_ids=ids, attention_mask=mask).logits
+    assert logits.shape == (1, 3) and compare_outputs([logits], expected).ok
+
+
+def test_a_wrong_pte_exits_1_and_no_check_skips(tf, tmp_path, capsys, monkeypatch):
+    torch.manual_seed(0)
+    folder = _saved(tmp_path / "vit", tf.ViTModel(tf.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        image_size=16, patch_size=8)))
+    from xnnfold.bench import compare
+
+    capsys.readouterr()                                 # save_pretrained's progress bar
+    wrong = compare.Comparison(False, 1.0, 1.0, "output 0: max abs diff 1 (for the test)")
+    monkeypatch.setattr(compare, "compare_outputs", lambda actual, expected: wrong)
+    assert cli.main(["hf", str(folder), "-o", str(tmp_path / "v.pte")]) == 1
+    captured = capsys.readouterr()
+    assert "WRONG: output 0" in captured.out
+    assert captured.err.strip().splitlines()[-1] == (f"xnnfold: error: {tmp_path / 'v.pte'}: WRONG: output 0: "
+                                    "max abs diff 1 (for the test) (eager's outputs differ; "
+                                    "the .pte is written, do not ship it)")
+    assert cli.main(["hf", str(folder), "-o", str(tmp_path / "v.pte"), "--no-check"]) == 0
+    assert _rows(capsys.readouterr().out)["model", "xnnfold"][5:7] == ["not", "checked"]
 
 
 def test_a_folder_without_a_config_is_one_line(tf, tmp_path, capsys):
     assert cli.main(["hf", str(tmp_path), "-o", str(tmp_path / "x.pte")]) == 2
     assert capsys.readouterr().err.strip() == \
         f"xnnfold: error: {tmp_path}: no config.json (save the model with save_pretrained)"
+
+
+# --- generation: one lowering per architecture ------------------------------------------------
+
+# Larger random weights than transformers' default (0.02), so that greedy tokens depend on the
+# context instead of settling on one token, and the best logit leads the next by a margin
+# far above rounding.
+_LM = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, vocab_size=256, max_position_embeddings=64,
+           initializer_range=0.3)
+ARCHITECTURES = {
+    "llama": lambda tf: tf.LlamaForCausalLM(tf.LlamaConfig(**_LM)),                  # GQA
+    "qwen2": lambda tf: tf.Qwen2ForCausalLM(tf.Qwen2Config(                 # q/k/v biases,
+        tie_word_embeddings=True, **_LM)),                                  # tied head
+    "phi3": lambda tf: tf.Phi3ForCausalLM(tf.Phi3Config(                   # fused qkv and
+        pad_token_id=0, **_LM)),                                            # gate/up
+}
+CACHE, PREFILL, PROMPT, NEW = 56, 16, 20, 32      # the prompt goes in as two prefill chunks
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def generation(request, tf, tmp_path_factory):
+    """A causal LM saved, through ``hf`` (its check included; llama also beside stock,
+    timed), and the same weights loaded back for eager."""
+    name = request.param
+    seed_everything(f"generation-{name}")
+    folder = _saved(tmp_path_factory.mktemp(name), ARCHITECTURES[name](tf))
+    pte = folder / "generate.pte"
+    plan = hf.plan(str(folder), 8, True, CACHE, PREFILL)
+    exported = hf.export_folder(plan, str(pte), compare=name == "llama", reps=2,
+                                max_cache=CACHE, max_prefill=PREFILL)
+    eager = tf.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    eager.generation_config.eos_token_id = None          # 32 tokens, as the .pte's run
+    return name, pte, exported, eager
+
+
+def test_hf_writes_one_checked_pte_with_prefill_and_decode(generation):
+    from executorch.runtime import Runtime
+
+    name, pte, exported, _ = generation
+    assert exported.wrong == []
+    mine = {r["part"]: r for r in exported.rows if r["variant"] == "xnnfold"}
+    assert set(mine) == {"prefill", "decode"}
+    for row in mine.values():
+        assert row["outputs"].startswith("max abs diff") and row["gemms_outside"] == 0, row
+    methods = Runtime.get().load_program(pte.read_bytes()).method_names
+    assert {"prefill", "decode", "get_max_context_len", "get_max_seq_len"} <= set(methods)
+
+
+def test_greedy_tokens_equal_eager_transformers(generation):
+    from xnnfold.llm import Generator
+
+    name, pte, _, eager = generation
+    seed_everything(f"prompt-{name}")
+    prompt = torch.randint(0, _LM["vocab_size"], (1, PROMPT))
+    generator = Generator(pte)
+    assert (generator.max_cache, generator.max_prefill) == (CACHE, PREFILL)
+    run = generator.generate(prompt[0].tolist(), NEW, stop_at_eos=False, keep_logits=True)
+    with torch.no_grad():
+        reference = eager.generate(prompt, max_new_tokens=NEW, do_sample=False,
+                                   attention_mask=torch.ones_like(prompt), output_logits=True,
+                                   return_dict_in_generate=True)
+    logits = torch.cat(reference.logits)
+    top = logits.topk(2).values
+    # a test whose argmax could flip on rounding would not test the cache
+    assert float((top[:, 0] - top[:, 1]).min()) > 1e-3
+    assert run.tokens == reference.sequences[0, PROMPT:].tolist()
+    assert len(set(run.tokens)) > NEW // 4, run.tokens           # not one token repeated
+    verdict = compare_logits(torch.cat(run.logits), logits)
+    assert verdict.ok, verdict
+    assert run.decode_steps == NEW - 1
+
+
+@pytest.mark.parametrize("generation", ["llama"], indirect=True)
+def test_beside_stock_timed(generation):
+    _, pte, exported, _ = generation
+    rows = {(r["part"], r["variant"]): r for r in exported.rows}
+    assert set(rows) == {(m, v) for m in ("prefill", "decode") for v in ("stock", "xnnfold")}
+    assert all(r["outputs"].startswith("max abs diff") for r in rows.values()), rows
+    assert all(r["median_ms"] > 0 for r in rows.values())
+    # one .pte for both methods: the weights once, not once per method, and no more than stock
+    assert rows["decode", "xnnfold"]["pte_bytes"] <= rows["decode", "stock"]["pte_bytes"]
+    weights = sum(p.numel() * 4 for p in generation[3].parameters())
+    assert rows["decode", "xnnfold"]["pte_bytes"] < 1.5 * weights
+    assert [n.split(":")[0] for n in exported.notes[1:]] == ["stock", "xnnfold"]
+    assert "tokens/s" in exported.notes[2]
+
+
+@pytest.mark.parametrize("generation", ["llama"], indirect=True)
+def test_methods_with_memory_of_their_own_do_not_see_the_cache(generation):
+    """Why xnnfold.llm loads with executorch.runtime (its methods share arenas): executorch's
+    pybindings module gives each method its own, and decode then reads a cache prefill never
+    wrote."""
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+    _, pte, _, eager = generation
+    prompt = torch.randint(0, _LM["vocab_size"], (1, 8))
+    data = pte.read_bytes()                   # the loaded module reads from it: kept alive
+    module = _load_for_executorch_from_buffer(data)
+    (first,) = module.run_method("prefill", (prompt, torch.arange(8)))
+    token = first.reshape(-1).argmax().reshape(1, 1)
+    (second,) = module.run_method("decode", (token, torch.tensor([8])))
+    with torch.no_grad():
+        expected = eager(input_ids=torch.cat([prompt, token], 1)).logits[:, -1:]
+        assert compare_logits(first, eager(input_ids=prompt).logits[:, -1:]).ok
+    assert not compare_logits(second, expected).ok
+
+
+@pytest.mark.parametrize("generation", ["llama"], indirect=True)
+def test_generate_command(generation, capsys):
+    _, pte, _, eager = generation
+    assert cli.main(["generate", str(pte), "--tokens", "1,2,3", "--max-new", "32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("prompt: 3 token(s); generated 32: ")
+    printed = [int(t) for t in lines[0].split(": ")[-1].split(",")]
+    with torch.no_grad():
+        expected = eager.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=32,
+                                  do_sample=False, attention_mask=torch.ones(1, 3,
+                                                                             dtype=torch.long))
+    assert printed == expected[0, 3:].tolist()
+    assert lines[1].startswith("prefill: 3 token(s) in ") and "tokens/s" in lines[1]
+    assert lines[2].startswith("decode: 31 step(s) in ") and "tokens/s" in lines[2]
+
+
+@pytest.mark.parametrize("generation", ["llama"], indirect=True)
+@pytest.mark.parametrize("argv, message", [
+    (["--tokens", "1,x"], "--tokens '1,x': expected comma-separated token ids"),
+    (["--tokens", "1", "--max-new", "0"], "--max-new 0: generate at least one token"),
+    (["--tokens", "999"], "token 999 is outside the vocabulary (0 to 255)"),
+    (["--tokens", "1,2", "--max-new", "60"], "2 prompt token(s) + 60 new at position 0 need "
+     "61 cache rows; this .pte has 56"),
+])
+def test_generate_bad_input_is_one_line(generation, capsys, argv, message):
+    _, pte, _, _ = generation
+    assert cli.main(["generate", str(pte), *argv]) == 2
+    assert capsys.readouterr().err.strip().endswith(message)
+
+
+# --- the cache is shared between the methods, or the lowering says so ------------------------
+
+class _Counter(nn.Module):
+    """A buffer each call adds its input to: what one method writes, the other must read."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4), persistent=False)
+
+    def forward(self, x):
+        self.total.add_(x.sum(0))
+        return self.total.clone()
+
+
+def _two_methods():
+    from xnnfold.llm.export import GenerationPrograms
+
+    counter = _Counter()
+    with torch.no_grad():
+        return GenerationPrograms({
+            "prefill": torch.export.export(counter, (torch.ones(2, 4),)),
+            "decode": torch.export.export(counter, (torch.ones(1, 4),))})
+
+
+def test_the_buffer_written_by_one_method_is_read_by_the_other():
+    from executorch.runtime import Runtime
+
+    from xnnfold.llm import lower_generation
+
+    program = Runtime.get().load_program(lower_generation(_two_methods()).pte)
+    first = program.load_method("prefill").execute((torch.ones(2, 4),))[0]
+    second = program.load_method("decode").execute((torch.full((1, 4), 3.0),))[0]
+    assert first.tolist() == [2.0] * 4 and second.tolist() == [5.0] * 4
+
+
+def test_without_the_shared_arena_the_lowering_refuses(monkeypatch):
+    from executorch.exir import ExecutorchBackendConfig
+
+    from xnnfold.llm import export
+
+    monkeypatch.setattr(export, "emit_config", lambda: ExecutorchBackendConfig())
+    with pytest.raises(export.CacheNotShared, match="buffer total is not at one shared place "
+                       "in prefill and decode"):
+        export.lower_generation(_two_methods())
+
+
+def test_the_pass_and_the_runtime_helper_import_no_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys, xnnfold.partitioner, xnnfold.llm, xnnfold.llm.runtime, "
+            "xnnfold.llm.export; from xnnfold.llm import Generator; "
+            "assert 'transformers' not in sys.modules, 'transformers imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    code = "import sys, xnnfold.partitioner; assert 'xnnfold.llm' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_logits_are_compared_at_the_scale_of_their_row():
+    expected = torch.tensor([[5.0, 0.01, -3.0]])
+    near_zero_off = expected + torch.tensor([[0.0, 3e-5, 0.0]])
+    assert not compare_outputs(near_zero_off, expected).ok       # 3e-5 > 1e-5 + 1e-4 * 0.01
+    assert compare_logits(near_zero_off, expected).ok            # 3e-5 <= 1e-5 * 5
+    assert not compare_logits(expected + torch.tensor([[0.0, 1e-3, 0.0]]), expected).ok

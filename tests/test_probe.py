@@ -262,7 +262,7 @@ def test_data_dependent_program_lowers_with_xnnfold_then_stock(dynamic):
 
 def test_own_shape_env_is_load_bearing(monkeypatch):
     """Without the isolation, xnnfold's lowering leaves the caller's ShapeEnv unlowerable."""
-    monkeypatch.setattr(partitioner, "_isolate", lambda ep, result: None)
+    monkeypatch.setattr(partitioner, "give_own_shape_env", lambda program: None)
     monkeypatch.setenv(verified_probe.VERIFY_ENV, "0")   # the fast probe alone leaves nothing
     torch.manual_seed(0)
     ep = torch.export.export(MaskedAndWeightNorm().eval(), (torch.randn(4, K),))
@@ -274,7 +274,7 @@ def test_own_shape_env_is_load_bearing(monkeypatch):
 def test_verification_probe_isolation_is_load_bearing(monkeypatch):
     """The whole-program probe alone (on the folded program, sharing the caller's ShapeEnv)
     leaves pending symbols that break the next lowering, unless it lowers its own copy."""
-    monkeypatch.setattr(verified_probe, "has_unbacked_symbols", lambda program: False)
+    monkeypatch.setattr(verified_probe, "needs_own_shape_env", lambda program: False)
     torch.manual_seed(0)
     ep = torch.export.export(MaskedAndWeightNorm().eval(), (torch.randn(4, K),))
     result = xnnfold.fold_gemm_params(ep, verify_probe=True)

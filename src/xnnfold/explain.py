@@ -1,7 +1,8 @@
 """Explain: for every GEMM weight and bias, delegated as is, folded, or declined and why (and
 whether it is delegated with a run-time weight); which attentions were rewritten into ops XNNPACK
-takes, and which were kept and why; which GEMMs were rewritten as ``linear``; and which packed
-projections were split into one linear per part."""
+takes, and which were kept and why; which GEMMs were rewritten as ``linear``; which packed
+projections were split into one linear per part; and which indexing by ``torch.where(mask)`` now
+indexes by the mask."""
 
 from __future__ import annotations
 
@@ -15,23 +16,25 @@ class Explanation(list):
     """The :class:`~xnnfold.result.GemmOperand` rows, plus ``projections`` (each a
     :class:`~xnnfold.steps.projections.PackedProjection`, split or kept), ``canonical`` (each a
     :class:`~xnnfold.steps.canonical.CanonicalRewrite`), ``attention`` (each an
-    :class:`~xnnfold.steps.attention.AttentionRewrite`, rewritten or kept), ``kv_cache`` (each a
+    :class:`~xnnfold.steps.attention.AttentionRewrite`, rewritten or kept), ``mask_index``
+    (each a :class:`~xnnfold.steps.mask_index.MaskIndexRewrite`), ``kv_cache`` (each a
     :class:`~xnnfold.steps.kv_cache.KVCacheRewrite`) and ``fallback``."""
 
     def __init__(self, rows, projections=(), fallback: Optional[str] = None, canonical=(),
-                 attention=(), kv_cache=()):
+                 attention=(), mask_index=(), kv_cache=()):
         super().__init__(rows)
         self.kv_cache = list(kv_cache)
         self.projections = list(projections)
         self.canonical = list(canonical)
         self.attention = list(attention)
+        self.mask_index = list(mask_index)
         self.fallback = fallback
 
     @classmethod
     def of(cls, result) -> "Explanation":
         """The explanation of a :class:`~xnnfold.result.FoldResult`."""
         return cls(result.operands, result.projections, result.fallback, result.canonical,
-                   result.attention, result.kv_cache)
+                   result.attention, result.mask_index, result.kv_cache)
 
 
 def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
@@ -61,6 +64,8 @@ def format_explanation(rows: list, fallback: Optional[str] = None, projections=N
               r.node or r.constant or "", r.reason or ""] for r in rows]
     text = _columns(["gemm", "module (class)", "kind", "operand", "status", "rule",
                      "node / constant", "reason"], table) if table else "no GEMM"
+    for rewrite in getattr(rows, "mask_index", []):
+        text += f"\n{rewrite.describe()}"
     cached = getattr(rows, "kv_cache", [])
     for record in cached:
         text += f"\n{record.describe()}"

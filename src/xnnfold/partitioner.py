@@ -19,12 +19,13 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 from torch.export import ExportedProgram
 
 from . import pipeline
+from .dim_order import dim_order_conflicts
 from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
 from .steps.fold import copy_program
 from .rules import DEFAULT_RULES, RuleSet
 from .steps.runtime_weight import open_runtime_weight_path
-from .shape_env import give_own_shape_env, has_unbacked_symbols
+from .shape_env import give_own_shape_env, needs_own_shape_env
 from .probe.verified import make_probe
 
 logger = logging.getLogger("xnnfold")
@@ -53,6 +54,11 @@ class FoldGemmParams:
     update and the attention over it on executorch's ``llama::update_cache`` and
     ``llama::custom_sdpa`` where that is proven exact: the .pte then needs a runtime with
     executorch's LLM custom ops (the default needs XNNPACK and the portable kernels only).
+
+    ``.program`` is a valid ExportedProgram (``validate()``, ``torch.export.save``); it shares
+    ``ep``'s ShapeEnv, so for a program with data-dependent sizes, lowering it leaves unbound
+    symbols there, as lowering ``ep`` does (the drop-in :class:`XnnpackPartitioner` lowers a
+    copy with a ShapeEnv of its own).
     """
 
     def __init__(self, partitioner: Optional[StockXnnpackPartitioner] = None,
@@ -81,7 +87,6 @@ class FoldGemmParams:
             result = pipeline.run(ep, probe, self.rules, self.attention, self.llm_kernels)
         if result.fallback is not None:
             probe.pending = None   # about a fold that was given up: nothing left to check
-        _isolate(ep, result)
         return result, probe
 
 
@@ -109,21 +114,29 @@ def fold_gemm_params(ep: ExportedProgram,
                           llm_kernels)(ep)
 
 
-def _isolate(ep: ExportedProgram, result: pipeline.FoldResult) -> None:
-    """Give the program to lower a ShapeEnv of its own when it has data-dependent sizes: the
-    lowering leaves unbound symbols in its ShapeEnv (see :mod:`xnnfold.shape_env`), which would
-    make the next lowering of ``ep`` raise."""
-    if not has_unbacked_symbols(result.program):
-        return
-    try:
-        program = result.program if result.program is not ep else copy_program(ep)
-        give_own_shape_env(program)
-    except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
-        warn_or_raise(logger, "xnnfold: could not give the program its own ShapeEnv (%s: %s); "
-                      "lowering it leaves unbound symbols in the caller's program, as a "
-                      "stock lowering does", type(error).__name__, error)
-        return
-    result.program = program
+def _for_lowering(ep: ExportedProgram, program: ExportedProgram) -> ExportedProgram:
+    """What the hook hands the lowering for ``program`` (the fold's result for ``ep``): a copy,
+    because the lowering deletes the constants it moves into delegates from the constants dict
+    of the program it is given (``run_decompositions`` shares that dict), and with a ShapeEnv
+    of its own when ``program`` has data-dependent sizes or shares a ShapeEnv that made some:
+    the lowering leaves unbound symbols in its ShapeEnv (see :mod:`xnnfold.shape_env`), which
+    would make the next lowering of ``ep`` raise, and an earlier lowering of ``ep`` may have
+    left some that would make this one raise. ``program`` itself stays the valid program the
+    fold returned (the isolated copy does not round-trip through ``torch.export.save``: its
+    nodes name symbols its ShapeEnv never had). ``ep`` itself when nothing needs doing."""
+    isolate = needs_own_shape_env(program)
+    if program is ep and not isolate:
+        return ep                     # stock's lowering of the caller's program, exactly
+    lowered = copy_program(program)
+    if isolate:
+        try:
+            give_own_shape_env(lowered)
+        except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
+            warn_or_raise(logger, "xnnfold: could not give the program its own ShapeEnv "
+                          "(%s: %s); lowering it leaves unbound symbols in the caller's "
+                          "program, as a stock lowering does", type(error).__name__, error)
+            return copy_program(program)
+    return lowered
 
 
 def _fix_passthrough(result) -> None:
@@ -148,6 +161,24 @@ def _fix_passthrough(result) -> None:
     result.partition_tags.update(partition_tags)
 
 
+def _check_dim_orders(result) -> list:
+    """Warn, naming each node, of the ops left outside delegates that the runtime will refuse
+    for the dim orders of their tensors (:mod:`xnnfold.dim_order`): the .pte lowers, as stock's
+    does, and fails on the device. Returns the :class:`~xnnfold.dim_order.DimOrderConflict`s."""
+    try:
+        conflicts = dim_order_conflicts(result.tagged_exported_program.graph,
+                                        lambda node: node.meta.get("delegation_tag") is not None)
+    except Exception as error:  # noqa: BLE001 - a check: the lowering is stock's either way
+        warn_or_raise(logger, "xnnfold: could not check the dim orders of the ops outside "
+                      "delegates (%s: %s)", type(error).__name__, error)
+        return []
+    if conflicts:
+        logger.warning("xnnfold: the ExecuTorch runtime will refuse %d op(s) of this program "
+                       "for the dim orders of their tensors (stock's lowering too):\n  %s",
+                       len(conflicts), "\n  ".join(c.describe() for c in conflicts))
+    return conflicts
+
+
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
@@ -160,8 +191,12 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     with ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
     :class:`~xnnfold.result.FoldResult` of the last program. Its linear configs also take the
     GEMMs the fold marks (a weight that cannot be a constant) with their weight as a run-time
-    input; see :mod:`xnnfold.steps.runtime_weight`.
+    input; see :mod:`xnnfold.steps.runtime_weight`. ``partition()`` warns, naming each node,
+    of the ops it leaves outside delegates that the runtime will refuse for the dim orders of
+    their tensors (``dim_order_conflicts``; see :mod:`xnnfold.dim_order`).
     """
+
+    checks_dim_orders = True     # partition() warns of ops the runtime will refuse
 
     def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,
                  verify_probe: Optional[bool] = None, attention: bool = True,
@@ -173,6 +208,8 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
         self._pending = None       # verification handed over to partition() (PendingCheck)
+        # what the last partition() left outside delegates that the runtime will refuse
+        self.dim_order_conflicts: list = []     # xnnfold.dim_order.DimOrderConflict
         self._folded_since_partition = 0
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram
@@ -186,11 +223,13 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
             exported_program, hand_over_last=self._folded_since_partition == 1)
         self._last_source = weakref.ref(exported_program)
         self._pending = probe.pending
-        return self.last_result.program
+        return _for_lowering(exported_program, self.last_result.program)
 
     def partition(self, exported_program: ExportedProgram):
         result = super().partition(exported_program)
         _fix_passthrough(result)
+        if self.checks_dim_orders:
+            self.dim_order_conflicts = _check_dim_orders(result)
         self._folded_since_partition = 0
         pending, self._pending = self._pending, None
         if pending is not None:

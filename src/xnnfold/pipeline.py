@@ -1,9 +1,11 @@
-"""The whole pass: KV caches -> attention rewritten -> canonical GEMMs -> projections -> analysis -> plan
-and rules -> fold -> probe, repeated until the probe agrees -> runtime weights.
+"""The whole pass: mask indexing -> KV caches -> attention rewritten -> canonical GEMMs ->
+projections -> analysis -> plan and rules -> fold -> probe, repeated until the probe agrees ->
+runtime weights.
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
 reason and returns the input program untouched, which lowers exactly as stock lowers it (in
-strict mode, ``XNNFOLD_STRICT=1``, a test setting, it raises ``StrictFallback`` instead).
+strict mode, ``XNNFOLD_STRICT=1``, a test setting, it raises ``StrictFallback`` instead: every
+give-up of the pass goes through :func:`xnnfold.errors.warn_or_raise`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from .analysis import ProgramFacts, find_operands, find_static
 from .steps.attention import rewrite_attention
 from .steps.kv_cache import rewrite_kv_caches
 from .steps.canonical import canonicalize
+from .steps.mask_index import rewrite_mask_indexing
 from .steps.runtime_weight import mark_runtime_weights
-from .errors import FoldError, StrictFallback, strict_requested
+from .errors import FoldError, StrictFallback, warn_or_raise
 from .steps.fold.evaluate import ConeEvaluator
 from .steps.fold import apply_folds, copy_program, copy_with_nodes
 from .steps.projections import find_packed_projections, split_packed_projections
+from .validity import StepChecks
 # FoldResult and GemmOperand are part of this module's interface (pipeline.FoldResult)
 from .result import FoldResult, GemmOperand, describe, row_of  # noqa: F401
 from .rules import DEFAULT_RULES, Decline, Rule, RuleSet
@@ -39,21 +43,27 @@ Probe = Callable[[ExportedProgram, list], set]
 
 def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet,
                     attention: bool = True, llm_kernels: bool = False) -> FoldResult:
-    """Rewrite attention over KV caches (on executorch's LLM kernels with ``llm_kernels``) and
-    other attention (unless ``attention`` is False), canonicalize GEMMs, split packed
-    projections, then fold; undo each split whose parts were not all folded and delegated
-    (rule *split*).
+    """Index by masks rather than their ``where``, rewrite attention over KV caches (on
+    executorch's LLM kernels with ``llm_kernels``) and other attention (unless ``attention`` is
+    False), canonicalize GEMMs, split packed projections, then fold; undo each split whose
+    parts were not all folded and delegated (rule *split*).
 
     ``ep`` is only read: the pass copies it once (graph and signature; tensors are shared) and
     rewrites that copy. Each site thus ends either fully split, folded and delegated, or exactly
     as it was.
     """
+    check = StepChecks(ep)    # each step's program passes torch's checker, or the pass falls back
     base = copy_program(ep)
+    indexed = rewrite_mask_indexing(base)
+    check(base, "mask_index")
     cached = rewrite_kv_caches(base, llm_kernels) if attention else []
+    check(base, "kv_cache")
     attended = rewrite_attention(base) if attention else []
+    check(base, "attention")
     facts = find_static(base)
     rewrites = canonicalize(base, facts.static)
     if rewrites:
+        check(base, "canonical")
         facts = find_static(base)     # the rewritten graph
     sites, kept = find_packed_projections(facts), []
     while True:
@@ -61,8 +71,10 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
         if sites:   # a split round: a copy of the rewritten program, split and analysed
             program, nodes = copy_with_nodes(base)
             split_packed_projections(program, sites, nodes)
+            check(program, "projections")
             program_facts = find_static(program)
         result = _fold_and_probe(program_facts, probe, rule_set)
+        check(result.program, "fold")
         rows = {(row.gemm, row.role): row for row in result.operands}
         newly_kept = []
         for site in sites:
@@ -78,10 +90,12 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     result.projections = sites + kept
     result.canonical = rewrites
     result.attention = attended
+    result.mask_index = indexed
     result.kv_cache = cached
     mark_runtime_weights(result, rule_set.prefer)
-    if result.program is base and not rewrites and not any(a.rewritten for a in attended) and \
-            not any(c.rewritten for c in cached) and \
+    check(result.program, "runtime_weight")
+    if result.program is base and not rewrites and not indexed and \
+            not any(a.rewritten for a in attended) and not any(c.rewritten for c in cached) and \
             not any(row.runtime_weight for row in result.operands):
         result.program = ep    # nothing changed: the caller's own program
     return result
@@ -162,14 +176,14 @@ def run(ep: ExportedProgram, probe: Optional[Probe],
             settle(result.program)
         result.modified = result.program is not ep
         return result
+    except StrictFallback:
+        raise     # a step's own give-up, in strict mode: its message names the node
     except FoldError as error:
         where, why = error.node, error.reason
     except Exception as error:  # noqa: BLE001 - never fail a lowering stock would pass
         where, why = "<program>", f"{type(error).__name__}: {error}"
-    if strict_requested():
-        raise StrictFallback(f"xnnfold would fall back to stock at node {where!r}: {why}")
-    logger.warning("xnnfold: folding skipped at node %r: %s; lowering as the stock "
-                   "XnnpackPartitioner would", where, why)
+    warn_or_raise(logger, "xnnfold: folding skipped at node %r: %s; lowering as the stock "
+                  "XnnpackPartitioner would", where, why)
     return FoldResult(ep, _unfolded_rows(ep, where, why), fallback=f"at node {where!r}: {why}")
 
 

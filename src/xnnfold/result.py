@@ -46,6 +46,7 @@ class FoldResult:
     projections: list = field(default_factory=list)  # PackedProjection, split or kept
     canonical: list = field(default_factory=list)    # CanonicalRewrite
     attention: list = field(default_factory=list)    # AttentionRewrite, rewritten or kept
+    mask_index: list = field(default_factory=list)   # MaskIndexRewrite
     kv_cache: list = field(default_factory=list)     # KVCacheRewrite, rewritten or kept
     probe_rounds: int = 0
     fallback: Optional[str] = None    # set when an internal failure sent us back to stock

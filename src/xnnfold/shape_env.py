@@ -8,7 +8,9 @@ binds, and the next ``run_decompositions`` of any program of that ShapeEnv raise
 ``PendingUnbackedSymbolNotFound`` (measured with stock alone: lowering the same program twice
 fails). So xnnfold gives the program it lowers, and the programs it probes, a ShapeEnv of their
 own: fresh placeholder fake tensors, from which the lowering's first ``run_decompositions``
-retraces everything. Only programs with unbacked symbols need it; others are left as they are.
+retraces everything. Only programs of a ShapeEnv that made unbacked symbols need it (a program
+the pass freed of them, as :mod:`xnnfold.steps.mask_index` does, still shares the caller's);
+others are left as they are.
 """
 
 from __future__ import annotations
@@ -48,12 +50,22 @@ def has_unbacked_symbols(program: ExportedProgram) -> bool:
     return False
 
 
+def needs_own_shape_env(program: ExportedProgram) -> bool:
+    """``program`` has unbacked symbols, or shares a ShapeEnv that made some (the caller's,
+    which an earlier lowering of the caller's program may have left unbound symbols in)."""
+    if has_unbacked_symbols(program):
+        return True
+    env = shape_env_of(program)
+    return env is not None and (env.unbacked_symint_counter > 0 or
+                                env.unbacked_symfloat_counter > 0)
+
+
 def give_own_shape_env(program: ExportedProgram) -> None:
     """Rebind ``program``'s placeholders to fake tensors of a new FakeTensorMode and ShapeEnv,
     in place (``program`` must be the caller's own copy). Backed symbols of the inputs are
     recreated one for one, with the program's ranges; ``range_constraints`` is renamed to
-    match. Does nothing for a program without unbacked symbols."""
-    if not has_unbacked_symbols(program):
+    match. Does nothing for a program that does not need it (:func:`needs_own_shape_env`)."""
+    if not needs_own_shape_env(program):
         return
     old = shape_env_of(program)
     env = ShapeEnv()

@@ -117,7 +117,7 @@ def test_report_marks_a_wrong_pte(monkeypatch, tmp_path, outputs, says):
                                delegation={"delegated": 1, "not_delegated": 0,
                                            "not_delegated_by_op": {}},
                                lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
-                               gemms=[])
+                               gemms=[], run_error=None)
     monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
     monkeypatch.setattr(report, "PteRunner", lambda data: _FakeRunner(data, outputs))
     case = SimpleNamespace(inputs=(torch.zeros(1, 4),))
@@ -127,6 +127,27 @@ def test_report_marks_a_wrong_pte(monkeypatch, tmp_path, outputs, says):
     rendered = tables.table({"rows": [report._row_dict(row, [row])]})
     assert "WRONG: output 0: " in rendered and says in rendered
     assert "e+00" not in rendered and "e-" not in rendered      # no small number instead
+
+
+def test_report_shows_a_pte_that_does_not_run_as_failed(monkeypatch, tmp_path):
+    """The lowering's process ran the .pte and it failed (or aborted): the row is failed with
+    that reason, and the parent never loads it."""
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"pte")
+    lowering = SimpleNamespace(pte_path=str(pte), gemms_outside=0, delegate_calls=1,
+                               delegation={"delegated": 1, "not_delegated": 0,
+                                           "not_delegated_by_op": {}},
+                               lower_seconds=0.1, peak_rss_mib=None, base_rss_mib=None,
+                               gemms=[], run_error="the .pte does not run on the ExecuTorch "
+                               "runtime: its process was killed by SIGABRT")
+    monkeypatch.setattr(report, "lower_isolated", lambda *args: lowering)
+    monkeypatch.setattr(report, "PteRunner", lambda data: pytest.fail("loaded a failed .pte"))
+    row, runner = report._lower_row(ModelSource("m"), "xnnfold", SimpleNamespace(inputs=()),
+                                    torch.zeros(1), str(tmp_path), False)
+    assert runner is None and row.error == lowering.run_error and row.pte_bytes == 3
+    rendered = tables.table({"rows": [report._row_dict(row, [row])]})
+    assert "failed [1]" in rendered and "\n[1] the .pte does not run on the ExecuTorch " \
+           "runtime: its process was killed by SIGABRT" in rendered, rendered
 
 
 def test_report_shows_the_diff_of_a_right_pte():
@@ -143,3 +164,23 @@ def test_no_max_abs_diff_helper_left():
     users = [p for folder in ("src", "tests", "bench") for p in (root / folder).rglob("*.py")
              if "max_abs_diff(" in p.read_text() and p.name != "test_compare.py"]
     assert users == [], users
+
+
+def test_check_pte_says_why_a_pte_fails(monkeypatch):
+    """lower --check's verdict (xnnfold.bench.isolated.check_pte), the run faked: outputs that
+    differ, int8 outputs within 3% of the largest, a .pte that does not run."""
+    from xnnfold.bench import isolated
+    expected = torch.tensor([10.0, -4.0])
+    monkeypatch.setattr(isolated, "run_isolated", lambda path, inputs: [expected + 0.2])
+    verdict = isolated.check_pte("m.pte", (), expected)
+    assert not verdict.ok and verdict.reason.startswith(
+        "its outputs differ from eager's: output 0: max abs diff 0.2"), verdict.reason
+    assert isolated.check_pte("m.pte", (), expected, quantized=True).ok     # 0.2 < 0.3
+
+    def fails(path, inputs):
+        raise RuntimeError("the .pte does not run on the ExecuTorch runtime: its process was "
+                           "killed by SIGABRT")
+    monkeypatch.setattr(isolated, "run_isolated", fails)
+    verdict = isolated.check_pte("m.pte", (), expected)
+    assert not verdict.ok and verdict.reason.endswith("killed by SIGABRT"), verdict
+

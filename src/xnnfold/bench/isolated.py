@@ -1,12 +1,14 @@
-"""Lower one (model, variant) in a process of its own: lowering seconds and peak RSS.
+"""Lower one (model, variant) in a process of its own: lowering seconds and peak RSS; and run
+a .pte in a process of its own (a .pte can abort the runtime: portable kernels assert).
 
 Peak memory means something only per process: a process that lowered stock first still holds
-its allocator's pages when xnnfold lowers. So each variant is lowered in a fresh process,
-which builds the model from its name (seeded), the user's factory (imported there by its
-spec, the caller's folder on ``sys.path``) or .pt2 file (:mod:`xnnfold.bench.sources`), exports it, lowers it and writes the .pte to a
-file; the parent runs it. The processes are forked from a *forkserver* that has imported torch
-and executorch once (saving their import, 5-10 s, per variant) and has run no torch op, so it
-has no OpenMP pool to inherit (a process forked from one that started it can hang).
+its allocator's pages when xnnfold lowers. So each variant is lowered in a fresh process
+(:class:`xnnfold.bench.child.Child`, forked from a forkserver that imported torch and
+executorch once), which builds the model from its name (seeded), the user's factory
+(imported there by its spec, the caller's folder on ``sys.path``) or .pt2 file
+(:mod:`xnnfold.bench.sources`), exports it, lowers it, writes the .pte to a file and runs it
+once on the example inputs: a .pte that does not run, or aborts the process, is reported as
+such (:attr:`Lowering.run_error`) and never loaded by the parent, which times the others.
 
 Peak RSS is the kernel's high-water mark (``VmHWM``) of that process, reset just before the
 lowering, so that it counts the lowering on top of what the process already held (imports,
@@ -15,14 +17,13 @@ model, export), which :attr:`Lowering.base_rss_mib` gives.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-IDEAL = "ideal"
-EAGER_EXPORT = "eager-export"    # the model's eager-attention export, lowered with stock
+from .child import Child, ChildDied
+from .variants import EAGER_EXPORT, IDEAL  # noqa: F401 - re-exported
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Lowering:
     base_rss_mib: Optional[float]
     delegation: dict = field(default_factory=dict)
     gemms: list = field(default_factory=list)      # gemm_rows(): in the user's terms
+    run_error: Optional[str] = None                # why the .pte does not run, if it does not
 
 
 def _status_mib(key: str) -> Optional[float]:
@@ -61,11 +63,11 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def _child(source, variant: str, pte_path: str, verbose: bool) -> Lowering:
+def _child(send, source, variant: str, pte_path: str, verbose: bool) -> None:
     if not verbose:
         from .quiet import silence_python
         silence_python()
-    from .measure import STOCK, lower
+    from .measure import STOCK, lower, run_pte
     from .sources import export
 
     case = source.build()
@@ -78,9 +80,10 @@ def _child(source, variant: str, pte_path: str, verbose: bool) -> Lowering:
     peak = _status_mib("VmHWM") if reset else None
     with open(pte_path, "wb") as file:
         file.write(lowered.pte)
-    return Lowering(variant, pte_path, len(lowered.gemms_outside), lowered.delegate_calls,
-                    lowered.lower_seconds, peak, base, lowered.delegation,
-                    gemm_rows(lowered))
+    send(Lowering(variant, pte_path, len(lowered.gemms_outside), lowered.delegate_calls,
+                  lowered.lower_seconds, peak, base, lowered.delegation, gemm_rows(lowered)))
+    run_pte(lowered.pte, case.inputs)          # raises, or aborts this process
+    send(None)
 
 
 def gemm_rows(lowered) -> list:
@@ -95,27 +98,84 @@ def gemm_rows(lowered) -> list:
             for name, module in lowered.gemm_sources_outside]
 
 
-_PRELOAD = ["xnnfold.bench.measure"]     # torch, executorch.exir and xnnfold's pass, imported once
-
-
-def _context():
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)
-    return context
-
-
 def lower_isolated(source, variant: str, folder: str, verbose: bool = False) -> Lowering:
     """Lower ``source`` (a :class:`~xnnfold.bench.sources.ModelSource`, or a built-in or zoo
-    model's name) as ``variant`` in a process of its own."""
+    model's name) as ``variant`` in a process of its own, and run the .pte there once: its
+    :attr:`~Lowering.run_error` says why it does not run. A lowering that fails raises."""
+    from .quiet import failure_summary, runtime_log
     from .sources import ModelSource
 
     if isinstance(source, str):
         source = ModelSource(source)
     stem = re.sub(r"[^\w.-]+", "_", source.name)
     pte_path = os.path.join(folder, f"{stem}.{variant}.pte")
-    pool = _context().Pool(1)
+    failure = None
+    with Child(_child, source, variant, pte_path, verbose) as child:
+        lowering = child.receive()                        # a lowering that fails raises here
+        with runtime_log() as log:
+            try:
+                child.receive()
+            except Exception as error:  # noqa: BLE001 - a .pte that does not run is a finding
+                failure = error
+    if failure is not None:
+        lowering.run_error = does_not_run(failure, failure_summary(log))
+    return lowering
+
+
+def does_not_run(error: Exception, logged: str = "") -> str:
+    """One line: why a .pte does not run on the ExecuTorch runtime (the runtime's error, or
+    the signal that ended the process), with what the runtime logged about it."""
+    from .sources import first_line
+
+    said = str(error) if isinstance(error, ChildDied) else first_line(error)
+    return f"the .pte does not run on the ExecuTorch runtime: {said}" + \
+        (f" ({logged})" if logged else "")
+
+
+# what running a .pte needs, imported once by the forkserver (when this starts it)
+RUN_PRELOAD = ["torch", "executorch.extension.pybindings.portable_lib",
+               "executorch.kernels.quantized"]
+
+
+def _run_child(send, pte_path: str, inputs: tuple) -> None:
+    from .quiet import silence_python
+    from .measure import run_pte
+
+    silence_python()
+    with open(pte_path, "rb") as file:
+        send(run_pte(file.read(), inputs))
+
+
+def run_isolated(pte_path: str, inputs: tuple) -> list:
+    """The outputs of the .pte at ``pte_path`` on ``inputs``, run in a process of its own: a
+    .pte that aborts the runtime ends that process, not this one. Raises ``RuntimeError`` with
+    :func:`does_not_run`'s line when it does not run."""
+    from .quiet import failure_summary, runtime_log
+
+    with runtime_log() as log, Child(_run_child, pte_path, inputs, preload=RUN_PRELOAD) as child:
+        try:
+            return child.receive()
+        except Exception as error:  # noqa: BLE001 - said in one line
+            failure = error
+    raise RuntimeError(does_not_run(failure, failure_summary(log)))
+
+
+def check_pte(pte_path: str, inputs: tuple, expected, quantized: bool = False):
+    """The .pte at ``pte_path`` run on ``inputs`` in a process of its own
+    (:func:`run_isolated`) and compared with ``expected`` (eager's outputs) by
+    ``compare_outputs``; a PT2E-quantized model's with
+    :func:`~xnnfold.bench.compare.quantized_tolerance`. A :class:`Comparison`: not ok, with
+    :func:`does_not_run`'s line as its reason, when the .pte does not run."""
+    import math
+
+    from .compare import Comparison, compare_outputs, quantized_tolerance
+
     try:
-        return pool.apply(_child, (source, variant, pte_path, verbose))
-    finally:
-        pool.close()   # not terminate(): a terminated pool leaks its semaphores (a warning)
-        pool.join()
+        outputs = run_isolated(pte_path, inputs)
+    except RuntimeError as error:
+        return Comparison(False, math.nan, math.nan, str(error))
+    verdict = compare_outputs(outputs, expected,
+                              **(quantized_tolerance(expected) if quantized else {}))
+    if not verdict.ok:
+        verdict.reason = f"its outputs differ from eager's: {verdict.reason}"
+    return verdict

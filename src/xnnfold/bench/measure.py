@@ -23,12 +23,8 @@ from ..partitioner import XnnpackPartitioner
 # The one comparison of outputs, for the tests and the report (re-exported here).
 from .compare import Comparison, compare_outputs, default_tolerance  # noqa: F401
 
-# Variants of lowering one exported program.
-STOCK, XNNFOLD, CONSTANT_PROP = "stock", "xnnfold", "constant_prop_pass"
-# Stock's own way round computed weights: every fp32 linear takes its weight at run time.
-STOCK_FLAG = "stock-flag"
-# xnnfold with prefer="size": a tied head stores its table once, repacked on every call.
-XNNFOLD_SIZE = "xnnfold-size"
+# Variants of lowering one exported program (their names: a leaf module, re-exported here).
+from .variants import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE  # noqa: F401
 _FLAG = {"force_non_static_weights_for_f32_linear": True}
 _QUANT_OP_HINTS = ("quantize_per", "dequantize_per", "quantize_affine", "dequantize_affine")
 
@@ -195,6 +191,9 @@ class PteRunner:
         from executorch.extension.pybindings.portable_lib import (
             _load_for_executorch_from_buffer,
         )
+        # the quantized ops' kernels (a PT2E-quantized .pte's quantize/dequantize left outside
+        # delegates): without them it fails with error 0x14, operator missing
+        import executorch.kernels.quantized  # noqa: F401
         self._buffer = pte   # the loaded module does not own it
         self._module = _load_for_executorch_from_buffer(self._buffer)
 

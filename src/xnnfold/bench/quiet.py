@@ -13,6 +13,9 @@ Three sources, three means:
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import itertools
 import logging
 import os
 import re
@@ -20,13 +23,17 @@ import select
 import sys
 import threading
 import warnings
+from typing import Optional
 
 # Lines of dependency noise, as they start.
 NOISE = re.compile(
     rb"^(\[[A-Za-z_]+\.(cpp|h|cc):\d+\]|Failed to load .*torchao|[WIE]\d{4} [\d:.]+ )")
 _SEGMENT_END = re.compile(rb"([\r\n])")
 # What may be the start of a noise line, held until its end is known.
-_MAYBE_NOISE = re.compile(rb"^(\[|[WIE]\d|F)")
+_MAYBE_NOISE = re.compile(rb"^(\[|[WIE]\d|F|\x00)")      # \x00: a mark (StderrFilter.mark)
+# What the runtime logs when a .pte fails: the check or assertion that failed, the kernel call.
+_FAILURE = re.compile(r"^\[(?!cpuinfo)[A-Za-z_]+\.(cpp|h|cc):\d+\].*(failed|Failed)")
+_MARK = b"\x00xnnfold-mark "
 _LOGGERS = ("torch", "torchao", "executorch", "torch.utils._pytree", "torch._export",
             "torch.export", "root")
 
@@ -55,12 +62,41 @@ class StderrFilter:
         os.close(write_end)
         self._read_end = read_end
         self._stop = threading.Event()
+        # the noise lines dropped last, numbered; and the last mark the pump has read
+        self._dropped: collections.deque = collections.deque(maxlen=200)
+        self._count = 0
+        self._marks = itertools.count(1)
+        self._seen = threading.Condition()
+        self._seen_mark = 0
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
 
     def _pass(self, text: bytes) -> None:
-        if text and not NOISE.match(text):
+        if text.startswith(_MARK):
+            with self._seen:
+                self._seen_mark = int(text[len(_MARK):])
+                self._seen.notify_all()
+        elif text and NOISE.match(text):
+            self._count += 1
+            self._dropped.append((self._count, text))
+        elif text:
             os.write(self._saved, text)
+
+    def mark(self, timeout: float = 1.0) -> int:
+        """Wait until the pump has read everything written to fd 2 before this call (a mark
+        line written now comes back through the pipe after it); the number of noise lines
+        dropped so far."""
+        number = next(self._marks)
+        os.write(2, _MARK + str(number).encode() + b"\n")
+        with self._seen:
+            self._seen.wait_for(lambda: self._seen_mark >= number, timeout)
+        return self._count
+
+    def dropped_since(self, mark: int) -> list:
+        """The noise lines dropped after :meth:`mark` returned ``mark``, up to now."""
+        self.mark()
+        return [text.decode(errors="replace").rstrip()
+                for number, text in list(self._dropped) if number > mark]
 
     def _pump(self) -> None:
         pending = b""
@@ -86,6 +122,9 @@ class StderrFilter:
         os.close(self._read_end)
 
     def close(self) -> None:
+        global _active
+        if _active is self:
+            _active = None
         sys.stderr.flush()
         os.dup2(self._saved, 2)
         self._stop.set()
@@ -93,8 +132,43 @@ class StderrFilter:
         os.close(self._saved)
 
 
-def quiet() -> StderrFilter:
-    """Silence dependencies for the rest of the command; returns the filter to close."""
-    stderr_filter = StderrFilter()
-    silence_python()
+_active: Optional[StderrFilter] = None
+
+
+def quiet(python: bool = True) -> StderrFilter:
+    """Silence dependencies for the rest of the command; returns the filter to close.
+    ``python=False``: the file descriptor's filter only (no torch import: for a command that
+    runs its work in another process)."""
+    global _active
+    stderr_filter = _active = StderrFilter()
+    if python:
+        try:
+            silence_python()
+        except BaseException:
+            stderr_filter.close()        # what follows (the traceback) reaches the terminal
+            raise
     return stderr_filter
+
+
+@contextlib.contextmanager
+def runtime_log():
+    """Collects, into the list it yields, the runtime's failure lines that :func:`quiet` hid
+    while inside (the failing check, the kernel call); empty when nothing is filtered (the
+    lines were shown)."""
+    lines: list = []
+    active = _active if _active is not None and not _active._stop.is_set() else None
+    start = active.mark() if active else 0
+    try:
+        yield lines
+    finally:
+        if active is not None:
+            lines.extend(line for line in active.dropped_since(start) if _FAILURE.search(line))
+
+
+def failure_summary(lines: list, width: int = 240) -> str:
+    """The runtime's failure lines in one: each without its ``[file.cpp:N]`` prefix, the
+    kernel call last, e.g. ``Check failed (tensors_have_same_dim_order(in, out)); KernelCall
+    failed at instruction 0:7 in operator aten::slice_copy.Tensor_out: 0x12``."""
+    said = [re.sub(r"^\[[^\]]*\]\s*", "", line).rstrip(": ") for line in lines]
+    said = list(dict.fromkeys(s for s in said if s))
+    return "; ".join(said)[:width]

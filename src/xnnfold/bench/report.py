@@ -17,6 +17,7 @@ mean anything.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -28,11 +29,13 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from . import models
+from . import catalog
 from .isolated import EAGER_EXPORT, IDEAL, lower_isolated
 from .charts import plot, plot_operator_times
+from .compare import quantized_tolerance
 from .measure import STOCK, PteRunner, compare_outputs
 from .side_by_side import time_interleaved
+from .sources import first_line
 from .tables import PROFILED, VARIANTS, markdown
 
 SCHEMA_VERSION = 3                   # 3: outputs_ok, mismatch, max_rel_diff
@@ -66,7 +69,7 @@ class Row:
 
 
 def _error_line(error: Exception) -> str:
-    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+    return first_line(error, 200)
 
 
 def _lower_row(source, variant: str, case, expected, folder: str, verbose: bool):
@@ -75,16 +78,20 @@ def _lower_row(source, variant: str, case, expected, folder: str, verbose: bool)
     try:
         lowering = lower_isolated(source, variant, folder, verbose)
         row.gemms = lowering.gemms
-        runner = PteRunner(Path(lowering.pte_path).read_bytes())
         row.gemms_outside, row.delegate_calls = lowering.gemms_outside, lowering.delegate_calls
         row.ops_delegated = lowering.delegation["delegated"]
         row.ops_outside = lowering.delegation["not_delegated"]
         row.ops_outside_by_type = lowering.delegation["not_delegated_by_op"]
-        row.pte_bytes = len(runner._buffer)
+        row.pte_bytes = os.path.getsize(lowering.pte_path)
         row.lower_seconds = round(lowering.lower_seconds, 2)
         row.peak_rss_mib = lowering.peak_rss_mib and round(lowering.peak_rss_mib, 1)
         row.base_rss_mib = lowering.base_rss_mib and round(lowering.base_rss_mib, 1)
-        verdict = compare_outputs(runner.run(case.inputs), expected)
+        if lowering.run_error:            # it failed or aborted in the lowering's process
+            row.error = lowering.run_error
+            return row, None
+        runner = PteRunner(Path(lowering.pte_path).read_bytes())
+        tolerance = quantized_tolerance(expected) if source.quantize else {}
+        verdict = compare_outputs(runner.run(case.inputs), expected, **tolerance)
         row.outputs_ok, row.mismatch = verdict.ok, verdict.reason
         row.max_abs_diff, row.max_rel_diff = verdict.max_abs_diff, verdict.max_rel_diff
     except Exception as error:  # noqa: BLE001 - a variant that fails is a finding
@@ -106,11 +113,12 @@ def measure_model(source, reps: int, variants=VARIANTS, seed: int = 0, profile: 
     with torch.no_grad():
         expected = case.model(*case.inputs)
     rows, runners = [], {}
+    present = variants_of(case, variants)
+    if progress is not None and len(present) < len(variants):    # count what it has
+        progress.total -= len(variants) - len(present)
+        progress.refresh()
     with tempfile.TemporaryDirectory() as scratch:
-        for variant in variants:
-            if (variant == IDEAL and case.ideal is None) or \
-                    (variant == EAGER_EXPORT and case.eager_export is None):
-                continue
+        for variant in present:
             row, runner = _lower_row(source, variant, case, expected, folder or scratch,
                                      verbose)
             rows.append(row)
@@ -131,23 +139,28 @@ def measure_model(source, reps: int, variants=VARIANTS, seed: int = 0, profile: 
     return rows
 
 
+def variants_of(case, variants) -> list:
+    """The ``variants`` ``case`` has: ideal and eager-export only where it has one."""
+    return [v for v in variants if not (v == IDEAL and case.ideal is None)
+            and not (v == EAGER_EXPORT and case.eager_export is None)]
+
+
 def model_names(size: str, names: Optional[list] = None) -> list:
     """``names`` checked (built-in and zoo names, factories and .pt2 files), or the ``size``
     set's names."""
     from .sources import is_user_spec
 
     if names:
-        unknown = [n for n in names if n not in _known() and not is_user_spec(n)]
+        unknown = [n for n in names if n not in catalog.KNOWN and not is_user_spec(n)]
         if unknown:
-            raise KeyError(f"unknown model {unknown[0]!r}; known: {', '.join(_known())}, or "
-                           "package.module:function, or a .pt2 file")
+            raise KeyError(catalog.unknown_model_message(unknown[0]))
         return names
-    return list({"small": models.SMALL, "large": models.LARGE, "all": models.ALL}[size])
+    return list({"small": catalog.SMALL, "large": catalog.LARGE,
+                 "all": catalog.SMALL + catalog.LARGE}[size])
 
 
 def _known() -> list:
-    from .zoo import ZOO
-    return [*models.ALL, *ZOO]
+    return list(catalog.KNOWN)
 
 
 def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20,
@@ -174,7 +187,8 @@ def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20
                                           progress=progress, verbose=verbose))
             except ZooUnavailable as error:
                 skipped[name] = str(error)
-                progress.update(len(variants))
+                progress.total -= len(variants)
+                progress.refresh()
                 if on_skip is not None:
                     on_skip(name, str(error))
     report = {"schema": SCHEMA_VERSION, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -182,14 +196,27 @@ def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20
               "order": "shuffled every round", "skipped": skipped,
               "rows": [_row_dict(r, rows) for r in rows]}
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(json.dumps(report, indent=2))
-        (out / "report.md").write_text(markdown(report, charts))
-        if charts:
-            plot(report, out / "latency.png")
-            plot_operator_times(report, out / "operators.png")
+        write(report, Path(out), charts)
     return report
+
+
+CHARTS = ("latency.png", "operators.png")
+
+
+def write(report: dict, out: Path, charts: bool = True) -> list:
+    """report.json, report.md and the charts that have something to show, in ``out``; a chart
+    of an earlier run left there is removed (it would describe another run). Returns the names
+    of the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    drawn = []
+    if charts:
+        drawn += ["latency.png"] if plot(report, out / "latency.png") else []
+        drawn += ["operators.png"] if plot_operator_times(report, out / "operators.png") else []
+    for stale in set(CHARTS) - set(drawn):
+        (out / stale).unlink(missing_ok=True)
+    (out / "report.md").write_text(markdown(report, drawn if charts else None))
+    return ["report.md", "report.json", *drawn]
 
 
 def _machine() -> str:

@@ -36,8 +36,11 @@ class UsageError(Exception):
     """A problem with what the user gave us: one line, exit code 2."""
 
 
-def _first_line(error: BaseException, width: int = 160) -> str:
-    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:width]}"
+def first_line(error: BaseException, width: int = 160) -> str:
+    """``Type: message`` in one line: the message's first line that says something (torchao's
+    start with an empty one), shortened to ``width``."""
+    said = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {said[0][:width] if said else '(no message)'}"
 
 
 def is_user_spec(spec: str) -> bool:
@@ -97,10 +100,20 @@ def export(case, module=None):
     printed = io.StringIO()   # a failing export prints the graph it traced; keep that out
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-            return torch.export.export((module or case.model).eval(), case.inputs,
+            return torch.export.export(_in_eval_mode(module or case.model), case.inputs,
                                        dynamic_shapes=case.dynamic_shapes)
     except Exception as error:  # noqa: BLE001 - the user's model: say what failed
-        raise UsageError(f"{case.name}: torch.export failed ({_first_line(error)})")
+        raise UsageError(f"{case.name}: torch.export failed ({first_line(error)})")
+
+
+def _in_eval_mode(module):
+    """``module.eval()``; a module that comes from torch.export (``ExportedProgram.module()``,
+    ``convert_pt2e``'s) refuses train()/eval() (NotImplementedError): its mode is fixed in its
+    graph, the module's own mode when it was exported, and it is taken as it is."""
+    try:
+        return module.eval()
+    except NotImplementedError:
+        return module
 
 
 def _from_factory(spec: str, cwd: Optional[str]):
@@ -115,27 +128,24 @@ def _from_factory(spec: str, cwd: Optional[str]):
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001 - the user's module: say what failed
-        raise UsageError(f"{spec}: cannot import {module_name} ({_first_line(error)})")
+        raise UsageError(f"{spec}: cannot import {module_name} ({first_line(error)})")
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise UsageError(f"{spec}: {module_name} has no function {function_name}")
     try:
         made = factory()
     except Exception as error:  # noqa: BLE001
-        raise UsageError(f"{spec}: the factory raised {_first_line(error)}")
+        raise UsageError(f"{spec}: the factory raised {first_line(error)}")
     if not (isinstance(made, tuple) and len(made) in (2, 3)
             and isinstance(made[0], torch.nn.Module) and isinstance(made[1], tuple)):
         raise UsageError(f"{spec}: the factory must return (torch.nn.Module, tuple of example "
                          f"inputs[, dynamic_shapes]), got {type(made).__name__}")
-    return Case(spec, made[0].eval(), made[1],
+    return Case(spec, _in_eval_mode(made[0]), made[1],
                 dynamic_shapes=made[2] if len(made) == 3 else None)
 
 
-def load_program(path: str):
-    """A program saved with ``torch.export.save``; any problem is the file's, in one line."""
-    import torch
-    from torch.export import ExportedProgram
-
+def pt2_file(path: str) -> None:
+    """``path`` names a .pt2 file that exists (what it holds: :func:`load_program`)."""
     file = Path(path)
     if not file.exists():
         raise UsageError(f"{path}: no such file")
@@ -143,10 +153,18 @@ def load_program(path: str):
         raise UsageError(f"{path}: is a directory, expected a .pt2 file")
     if file.suffix != ".pt2":
         raise UsageError(f"{path}: not a .pt2 file (save one with torch.export.save)")
+
+
+def load_program(path: str):
+    """A program saved with ``torch.export.save``; any problem is the file's, in one line."""
+    import torch
+    from torch.export import ExportedProgram
+
+    pt2_file(path)
     try:
-        program = torch.export.load(str(file))
+        program = torch.export.load(path)
     except Exception as error:  # noqa: BLE001 - any load failure is the file's problem
-        raise UsageError(f"{path}: cannot load the exported program ({_first_line(error)})")
+        raise UsageError(f"{path}: cannot load the exported program ({first_line(error)})")
     if not isinstance(program, ExportedProgram):
         raise UsageError(f"{path}: holds a {type(program).__name__}, not an ExportedProgram")
     return program
@@ -183,5 +201,5 @@ def _quantized(case, mode: str, name: str):
     except UsageError:
         raise
     except Exception as error:  # noqa: BLE001
-        raise UsageError(f"{case.name}: PT2E quantization failed ({_first_line(error)})")
+        raise UsageError(f"{case.name}: PT2E quantization failed ({first_line(error)})")
     return Case(name, converted, case.inputs, dynamic_shapes=case.dynamic_shapes)

@@ -3,20 +3,25 @@ from the report's JSON-able dict (:func:`xnnfold.bench.report.run_report`)."""
 
 from __future__ import annotations
 
+import math
+
 from tabulate import tabulate
 
-from .isolated import EAGER_EXPORT, IDEAL
-from .measure import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE
-
-# The variants in the order the report shows them.
-VARIANTS = (STOCK, XNNFOLD, XNNFOLD_SIZE, STOCK_FLAG, IDEAL, EAGER_EXPORT, CONSTANT_PROP)
-PROFILED = (STOCK, XNNFOLD)          # the variants whose time the ETDump breaks down
+from .variants import IDEAL, PROFILED, STOCK, STOCK_FLAG, VARIANTS, XNNFOLD  # noqa: F401
 
 
 def rounds_line(report: dict) -> str:
     return (f"{report['reps']} rounds after 3 warm-up runs; every round runs each variant once, "
             f"in an order shuffled anew (seed {report['seed']}); latency = median (min-max) "
             "over the rounds")
+
+
+def ms(value: float) -> str:
+    """A latency in ms to three significant digits, without an exponent (159, 1.44, 0.0452):
+    the one format of the tables and the charts."""
+    if not value or not math.isfinite(value):
+        return format(value or 0.0, "g")
+    return f"{value:.{max(0, 2 - math.floor(math.log10(abs(value))))}f}"
 
 
 def _number(value, spec: str) -> str:
@@ -27,19 +32,22 @@ def table(report: dict, fmt: str = "simple") -> str:
     headers = ["model", "variant", "GEMMs outside", "delegate calls", "ops outside",
                ".pte bytes", "outputs vs eager", "lower s", "peak RSS MiB",
                "latency ms median (min-max)", "vs stock"]
-    body = []
+    body, errors = [], {}
     for r in report["rows"]:
         if r["error"]:
+            number = errors.setdefault(r["error"], len(errors) + 1)
             body.append([r["model"], r["variant"], "", "", "", "", "", "", "",
-                         f"failed: {r['error']}", ""])
+                         f"failed [{number}]", ""])
             continue
-        latency = (f"{r['median_ms']:.3f} ({r['min_ms']:.3f}-{r['max_ms']:.3f})"
+        latency = (f"{ms(r['median_ms'])} ({ms(r['min_ms'])}-{ms(r['max_ms'])})"
                    if r["median_ms"] is not None else "")
         body.append([r["model"], r["variant"], r["gemms_outside"], r["delegate_calls"],
                      r["ops_outside"], f"{r['pte_bytes']:,}", outputs_cell(r),
                      _number(r["lower_seconds"], ".2f"), _number(r["peak_rss_mib"], ",.0f"),
                      latency, _number(r["ratio_to_stock"], ".3f")])
-    return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+    notes = "".join(f"\n[{number}] {error}" for error, number in errors.items())
+    return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True) + \
+        ("\n" + notes.replace("\n", "\n\n" if fmt == "github" else "\n") if notes else "")
 
 
 def outputs_cell(row: dict) -> str:
@@ -76,10 +84,11 @@ def lowering_table(report: dict, fmt: str = "simple") -> str:
 
 
 def outside_table(report: dict, fmt: str = "simple", top: int = 6) -> str:
-    """executorch's get_delegation_info, stock beside xnnfold: ops left outside by op type."""
+    """executorch's get_delegation_info, every variant side by side: ops left outside by op
+    type."""
     body = []
     for name, found in _by_model(report).items():
-        for variant in (STOCK, XNNFOLD):
+        for variant in VARIANTS:
             r = found.get(variant)
             if r is None or r["error"]:
                 continue
@@ -137,21 +146,78 @@ def gemm_table(report: dict, model: str, fmt: str = "simple") -> str:
                     tablefmt=fmt, disable_numparse=True)
 
 
-def markdown(report: dict, charts: bool = True) -> str:
+OTHER_PORTABLE = "other portable ops"
+
+
+def operator_split(rows: list, top: int = 5) -> tuple:
+    """Where the time of one model's profiled variants goes: ``(categories, {variant: [ms,
+    ...]})``, the categories being XNNPACK delegate calls, the ``top`` slowest portable ops
+    over these rows, and the other portable ops summed. Each variant's ms add up to its
+    median latency, the latency table's; the ETDump gives the shares only. (Its own times are
+    of a separate, instrumented pass of 5 runs: XNNPACK then profiles each of its operators,
+    which makes a small model's run slower; on a loaded machine 5 runs can be far from the
+    interleaved median. One number per variant, the table's, and the ETDump's proportions.)"""
+    from .devtools import DELEGATE
+
+    usable = [r for r in rows if r["median_ms"] and r["op_ms"] and "failed" not in r["op_ms"]
+              and sum(r["op_ms"].values()) > 0]
+    portable: dict = {}
+    for r in usable:
+        for op, ms in r["op_ms"].items():
+            if op != DELEGATE:
+                portable[op] = portable.get(op, 0.0) + ms / sum(r["op_ms"].values())
+    categories = [DELEGATE] + sorted(portable, key=lambda op: -portable[op])[:top]
+    split = {}
+    for r in usable:
+        profiled = sum(r["op_ms"].values())
+        shares = [r["op_ms"].get(op, 0.0) for op in categories]
+        shares.append(profiled - sum(shares))
+        split[r["variant"]] = [r["median_ms"] * share / profiled for share in shares]
+    return categories + [OTHER_PORTABLE], split
+
+
+def operator_table(report: dict, fmt: str = "simple") -> str:
+    """:func:`operator_split` of each model's profiled variants, as the chart draws it."""
+    body = []
+    for name, found in _by_model(report).items():
+        categories, split = operator_split([found[v] for v in PROFILED if v in found])
+        for variant, values in split.items():
+            total = sum(values)
+            parts = ", ".join(f"{op} {ms(part)}" for op, part in zip(categories, values)
+                              if part >= 0.001 * total)
+            body.append([name, variant, ms(total), parts])
+    if not body:
+        return ""
+    return tabulate(body, headers=["model", "variant", "latency ms (median)",
+                                   "ms by XNNPACK delegate / portable op (ETDump shares)"],
+                    tablefmt=fmt, disable_numparse=True)
+
+
+_NOT_DRAWN = "(charts not drawn: matplotlib is not installed; pip install 'xnnfold[bench]')"
+
+
+def markdown(report: dict, drawn=("latency.png", "operators.png")) -> str:
+    """report.md; ``drawn``: the charts written beside it (None: matplotlib is missing)."""
     skipped = "".join(f"- skipped {name}: {why}\n" for name, why in report["skipped"].items())
     gemms = "".join(f"### {name}\n\n{gemm_table(report, name, 'github')}\n\n"
                     for name in _by_model(report) if gemm_table(report, name))
-    latency, operators = ("![latency](latency.png)", "![operators](operators.png)") if charts \
-        else ("(charts not drawn: matplotlib is not installed; pip install 'xnnfold[bench]')",) * 2
-    return (f"# xnnfold report\n\n{report['date']} · {report['machine']}\n\n"
-            f"{rounds_line(report)}\n\n{skipped and skipped + chr(10)}"
-            f"{table(report, 'github')}\n\n"
-            f"## xnnfold beside the ideal rewrite\n\n"
-            f"{ideal_table(report, 'github') or 'no model here has an ideal rewrite'}\n\n"
-            f"## Lowering cost (each variant in its own process)\n\n"
-            f"{lowering_table(report, 'github')}\n\n"
-            f"## Ops left outside delegates (executorch get_delegation_info)\n\n"
-            f"{outside_table(report, 'github')}\n\n"
-            f"## GEMMs, in the model's terms\n\n{gemms or 'no GEMM' + chr(10) * 2}"
-            f"{latency}\n\n"
-            f"## Where the time goes (ETDump, ms per run)\n\n{operators}\n")
+    ideal = ideal_table(report, "github")
+    operators = operator_table(report, "github")
+    sections = [f"# xnnfold report\n\n{report['date']} · {report['machine']}\n\n"
+                f"{rounds_line(report)}\n\n{skipped and skipped + chr(10)}"
+                f"{table(report, 'github')}\n\n"]
+    if drawn is None or "latency.png" in drawn:
+        sections.append(f"{_NOT_DRAWN if drawn is None else '![latency](latency.png)'}\n\n")
+    if ideal:
+        sections.append(f"## xnnfold beside the ideal rewrite\n\n{ideal}\n\n")
+    sections += [f"## Lowering cost (each variant in its own process)\n\n"
+                 f"{lowering_table(report, 'github')}\n\n",
+                 f"## Ops left outside delegates (executorch get_delegation_info)\n\n"
+                 f"{outside_table(report, 'github')}\n\n",
+                 f"## GEMMs, in the model's terms\n\n{gemms or 'no GEMM' + chr(10) * 2}"]
+    if operators:
+        chart = _NOT_DRAWN if drawn is None else \
+            "![operators](operators.png)" if "operators.png" in drawn else ""
+        sections.append(f"## Where the time goes (ms per run: the median latency, split in "
+                        f"the shares of an ETDump)\n\n{operators}\n\n{chart}\n")
+    return "".join(sections)

@@ -28,6 +28,7 @@ from torch.export import ExportedProgram
 
 from ..analysis import ProgramFacts, cone_of, is_dequantize
 from ..errors import at_node
+from ..validity import sync_output_specs
 from ..analysis.gemms import operand
 
 if TYPE_CHECKING:   # rules imports plan (and so this module); annotations only
@@ -178,6 +179,7 @@ def split_packed_projections(program: ExportedProgram, sites: list, nodes: dict)
             _split(graph, site, linear, chain, selects)
     graph.lint()
     program.graph_module.recompile()
+    sync_output_specs(program)     # a part the model returns is a new linear now
 
 
 def _split(graph: torch.fx.Graph, site: PackedProjection, linear: torch.fx.Node, chain: list,

@@ -1,7 +1,10 @@
-"""The attention glue (issue 21), measured: transformers' Whisper at whisper-tiny's published
-dims (random weights) exported with ``attn_implementation="sdpa"`` (the default) and
-``"eager"``, each lowered with stock and with xnnfold; and the E=512 demo models, stock /
-xnnfold / ideal. Latency: interleaved rounds, one thread, medians; portable share: ETDump.
+"""The attention glue (issue 21), measured: Whisper at whisper-tiny's dims (sdpa and eager
+exports) and the E=512 demo models, stock vs xnnfold (vs ideal): latency and portable share.
+
+transformers' Whisper at whisper-tiny's published dims (random weights) exported with
+``attn_implementation="sdpa"`` (the default) and ``"eager"``, each lowered with stock and with
+xnnfold; and the E=512 demo models, stock / xnnfold / ideal. Latency: interleaved rounds, one
+thread, medians; portable share: ETDump.
 
     xnnfold bench attention-glue encoder [--rounds 10]    # 3000 frames (30 s)
     xnnfold bench attention-glue decoder [--rounds 20]    # 8 tokens, 1500 states
@@ -12,25 +15,29 @@ Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is timed as users run
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
+import sys
 import time
 
+from xnnfold.bench.scripts import parser
+
 os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
-
-import torch  # noqa: E402
-
-from xnnfold.bench import models  # noqa: E402
-from xnnfold.bench.devtools import DELEGATE, operator_times  # noqa: E402
-from xnnfold.bench.compare import compare_outputs  # noqa: E402
-from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower  # noqa: E402
-from xnnfold.bench.side_by_side import time_interleaved  # noqa: E402
 
 VOCAB, D_MODEL = 51865, 384
 
 
+def build_parser():
+    args = parser(__file__, __doc__)
+    args.add_argument("part", choices=["encoder", "decoder", "demo"],
+                      help="Whisper's encoder (3000 frames), a decoder step (8 tokens over 1500 "
+                      "states), or the E=512 demo models")
+    args.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds")
+    return args
+
+
 def whisper(impl: str):
+    import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     torch.manual_seed(0)
@@ -42,28 +49,34 @@ def whisper(impl: str):
     return WhisperForConditionalGeneration(config).eval()
 
 
-class Encoder(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.encoder = model.model.encoder
+def whisper_part_module(part: str, model):
+    """Whisper's encoder, or its decoder and tied head (proj_out) on a few tokens over the
+    encoder's states."""
+    import torch
 
-    def forward(self, features):
-        return self.encoder(input_features=features).last_hidden_state
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = model.model.encoder
 
+        def forward(self, features):
+            return self.encoder(input_features=features).last_hidden_state
 
-class DecoderStep(torch.nn.Module):
-    """The decoder and its tied head (proj_out) on a few tokens over the encoder's states."""
+    class DecoderStep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.decoder, self.head = model.model.decoder, model.proj_out
 
-    def __init__(self, model):
-        super().__init__()
-        self.decoder, self.head = model.model.decoder, model.proj_out
+        def forward(self, tokens, states):
+            return self.head(self.decoder(input_ids=tokens, encoder_hidden_states=states,
+                                          use_cache=False).last_hidden_state)
 
-    def forward(self, tokens, states):
-        return self.head(self.decoder(input_ids=tokens, encoder_hidden_states=states,
-                                      use_cache=False).last_hidden_state)
+    return Encoder() if part == "encoder" else DecoderStep()
 
 
 def portable_share(pte: bytes, inputs: tuple) -> tuple:
+    from xnnfold.bench.devtools import DELEGATE, operator_times
+
     ops = operator_times(pte, inputs, runs=3)
     total = sum(ops.values())
     portable = total - ops.get(DELEGATE, 0.0)
@@ -72,6 +85,10 @@ def portable_share(pte: bytes, inputs: tuple) -> tuple:
 
 
 def report(variants: dict, inputs: tuple, reference: dict, rounds: int, base: str) -> None:
+    from xnnfold.bench.compare import compare_outputs
+    from xnnfold.bench.measure import PteRunner
+    from xnnfold.bench.side_by_side import time_interleaved
+
     runners = {name: PteRunner(lowered.pte) for name, lowered in variants.items()}
     for name, lowered in variants.items():
         verdict = compare_outputs(runners[name].run(inputs), reference[name])
@@ -89,6 +106,10 @@ def report(variants: dict, inputs: tuple, reference: dict, rounds: int, base: st
 
 
 def whisper_part(part: str, rounds: int) -> None:
+    import torch
+
+    from xnnfold.bench.measure import STOCK, XNNFOLD, lower
+
     torch.manual_seed(1)
     if part == "encoder":        # Whisper's encoder takes exactly 3000 frames (30 s)
         inputs = (torch.randn(1, 80, 3000),)
@@ -96,7 +117,7 @@ def whisper_part(part: str, rounds: int) -> None:
         inputs = (torch.randint(0, VOCAB, (1, 8)), torch.randn(1, 1500, D_MODEL))
     variants, reference = {}, {}
     for impl in ("sdpa", "eager"):
-        model = (Encoder if part == "encoder" else DecoderStep)(whisper(impl))
+        model = whisper_part_module(part, whisper(impl))
         with torch.no_grad():
             expected = model(*inputs)
             ep = torch.export.export(model, inputs)
@@ -109,6 +130,11 @@ def whisper_part(part: str, rounds: int) -> None:
 
 
 def demo(rounds: int) -> None:
+    import torch
+
+    from xnnfold.bench import models
+    from xnnfold.bench.measure import STOCK, XNNFOLD, lower
+
     for name in ("cross-attention-512", "decoder-layer-512", "self-attention-512"):
         case = models.build(name)
         ep = torch.export.export(case.model, case.inputs)
@@ -120,17 +146,16 @@ def demo(rounds: int) -> None:
                f"{name} ideal")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["encoder", "decoder", "demo"])
-    parser.add_argument("--rounds", type=int, default=10)
-    args = parser.parse_args()
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
     torch.set_num_threads(1)
     if args.part == "demo":
         demo(args.rounds)
     else:
         whisper_part(args.part, args.rounds)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

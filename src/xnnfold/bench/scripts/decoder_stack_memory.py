@@ -1,8 +1,10 @@
-"""Peak RSS and lowering time of a 16-layer E=1024 ff=4096 nn.TransformerDecoderLayer stack
-(distinct weights, about 1 GiB fp32): stock against xnnfold (and the ideal rewrite, plain q/k/v
-linears, lowered with stock), each variant in its own process.
+"""Peak RSS and lowering time of a 16-layer E=1024 nn.TransformerDecoderLayer stack (1 GiB
+fp32), stock vs xnnfold (vs ideal), each variant in a process of its own.
 
-    PYTHONPATH=src python bench/decoder_stack_memory.py [--layers 16] [--embed 1024] [--ff 4096]
+The stack has distinct weights, ff=4096; the ideal rewrite is plain q/k/v linears, lowered with
+stock.
+
+    xnnfold bench decoder-stack-memory [--layers 16] [--embed 1024] [--ff 4096]
 
 The parent spawns one child per variant (spawn, not fork: no inherited OpenMP pool or heap);
 each child builds and exports the model, then lowers it (``to_edge_transform_and_lower`` and
@@ -12,13 +14,14 @@ Verification is off (XNNFOLD_VERIFY_PROBE=0).
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
 import resource
 import sys
 import time
+
+from xnnfold.bench.scripts import parser
 
 
 def _child(variant: str, layers: int, embed: int, ff: int, queue) -> None:
@@ -81,13 +84,19 @@ def run(variant: str, layers: int, embed: int, ff: int) -> dict:
     return result
 
 
+def build_parser():
+    args = parser(__file__, __doc__)
+    args.add_argument("--layers", type=int, default=16, help="decoder layers in the stack")
+    args.add_argument("--embed", type=int, default=1024, help="embedding width (16 heads)")
+    args.add_argument("--ff", type=int, default=4096, help="feed-forward width")
+    args.add_argument("--variants", default="stock,xnnfold",
+                      help="comma-separated, each in a process of its own: stock, xnnfold, "
+                      "ideal")
+    return args
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--embed", type=int, default=1024)
-    parser.add_argument("--ff", type=int, default=4096)
-    parser.add_argument("--variants", default="stock,xnnfold")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     results = [run(v, args.layers, args.embed, args.ff) for v in args.variants.split(",")]
     for row in results:
         print(json.dumps(row), flush=True)

@@ -19,6 +19,8 @@ import statistics
 import subprocess
 import sys
 
+from xnnfold.bench.scripts import parser
+
 os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,6 +53,17 @@ def _case(name):
 
 
 CASES = ["attention-pooling-dynamic-int8", "detr-style-decoder", "wav2vec2-dynamic", "gpt2"]
+MORE = ["llama", "whisper-decoder"]      # tied heads (bench tied-models), on request
+
+
+def build_parser():
+    args = parser(__file__, __doc__)
+    args.add_argument("--reps", type=int, default=2,
+                      help="lowerings per variant (each in a fresh process)")
+    args.add_argument("cases", nargs="*", choices=CASES + MORE, metavar="CASE",
+                      help=f"the cases (default: all of {', '.join(CASES)}; also "
+                      f"{', '.join(MORE)})")
+    return args
 
 
 def _child(name: str, variant: str) -> None:
@@ -65,11 +78,10 @@ def _child(name: str, variant: str) -> None:
     print(json.dumps({"seconds": seconds}))
 
 
-def main(argv):
-    reps = 2
-    if argv[:1] == ["--reps"]:
-        reps, argv = int(argv[1]), argv[2:]
-    for name in argv or CASES:
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    reps = args.reps
+    for name in args.cases or CASES:
         times = {"stock": [], "xnnfold": []}
         for _ in range(reps):
             for variant in times:
@@ -81,10 +93,11 @@ def main(argv):
         show = {v: f"{m:.1f} s" if m is not None else "raises" for v, m in med.items()}
         ratio = f"{med['xnnfold'] / med['stock']:.2f}x" if None not in med.values() else "-"
         print(f"{name}: stock {show['stock']}, xnnfold {show['xnnfold']} ({ratio})", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--child"]:
+    if sys.argv[1:2] == ["--child"]:        # this script's own lowering processes
         _child(sys.argv[2], sys.argv[3])
     else:
-        main(sys.argv[1:])
+        sys.exit(main())

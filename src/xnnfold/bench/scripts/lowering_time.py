@@ -1,7 +1,7 @@
 """Lowering time: xnnfold against the ideal rewrite and against stock, and the fast probe
 against the whole-program probe.
 
-    PYTHONPATH=src python bench/lowering_time.py [--size small|large|all] [--reps 3]
+    xnnfold bench lowering-time [--size small|large|all] [--reps 3]
 
 Per model, in one process and interleaved (stock, xnnfold, ideal, stock, ...), after one
 warm-up round: the seconds of ``to_edge_transform_and_lower`` + ``to_executorch``
@@ -12,7 +12,6 @@ plain linears, a small CNN): xnnfold / stock. Verification is off (XNNFOLD_VERIF
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -20,39 +19,38 @@ import statistics
 import sys
 import time
 
+from xnnfold.bench import catalog
+from xnnfold.bench.scripts import parser
+
 os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
 
-import torch  # noqa: E402
-from executorch.backends.xnnpack.partition.xnnpack_partitioner import (  # noqa: E402
-    XnnpackPartitioner as StockXnnpackPartitioner,
-)
-from torch import nn  # noqa: E402
 
-from xnnfold import pipeline  # noqa: E402
-from xnnfold.bench import models  # noqa: E402
-from xnnfold.bench.measure import STOCK, XNNFOLD, lower  # noqa: E402
-from xnnfold.partitioner import fold_gemm_params  # noqa: E402
-from xnnfold.probe.verified import whole_program_probe  # noqa: E402
+def nothing_to_fold() -> list:
+    """(name, model, inputs) of two programs with nothing to fold: two plain linears, a small
+    CNN."""
+    import torch
+    from torch import nn
 
+    class TwoLinears(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 128), nn.Linear(128, 64)
 
-class TwoLinears(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(64, 128), nn.Linear(128, 64)
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
 
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
+    class SmallCnn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
 
+        def forward(self, x):
+            return self.body(x)
 
-class SmallCnn(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
-                                  nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-
-    def forward(self, x):
-        return self.body(x)
+    return [("two plain linears", TwoLinears().eval(), (torch.randn(8, 64),)),
+            ("small CNN", SmallCnn().eval(), (torch.randn(1, 3, 32, 32),))]
 
 
 def _timed(fn) -> float:
@@ -74,6 +72,17 @@ def interleaved(variants: dict, reps: int) -> dict:
 
 
 def bench_model(name: str, reps: int, compare_probes: bool = True) -> dict:
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackPartitioner as StockXnnpackPartitioner,
+    )
+
+    from xnnfold import pipeline
+    from xnnfold.bench import models
+    from xnnfold.bench.measure import STOCK, XNNFOLD, lower
+    from xnnfold.partitioner import fold_gemm_params
+    from xnnfold.probe.verified import whole_program_probe
+
     case = models.build(name)
     ep = torch.export.export(case.model, case.inputs, dynamic_shapes=case.dynamic_shapes)
     variants = {"stock": lambda: lower(ep, STOCK), "xnnfold": lambda: lower(ep, XNNFOLD)}
@@ -93,9 +102,12 @@ def bench_model(name: str, reps: int, compare_probes: bool = True) -> dict:
 
 
 def bench_nothing_to_fold(reps: int) -> list:
+    import torch
+
+    from xnnfold.bench.measure import STOCK, XNNFOLD, lower
+
     rows = []
-    for name, model, inputs in [("two plain linears", TwoLinears().eval(), (torch.randn(8, 64),)),
-                                ("small CNN", SmallCnn().eval(), (torch.randn(1, 3, 32, 32),))]:
+    for name, model, inputs in nothing_to_fold():
         ep = torch.export.export(model, inputs)
         times = interleaved({"stock": lambda: lower(ep, STOCK),
                              "xnnfold": lambda: lower(ep, XNNFOLD)}, reps)
@@ -103,19 +115,31 @@ def bench_nothing_to_fold(reps: int) -> list:
     return rows
 
 
+def build_parser():
+    args = parser(__file__, __doc__)
+    args.add_argument("--size", choices=["small", "large", "all"], default="all",
+                      help="the built-in set of models")
+    args.add_argument("--reps", type=int, default=3, help="timed rounds (after one warm-up)")
+    args.add_argument("--models", default="",
+                      help="comma-separated built-in model names, instead of --size's set")
+    args.add_argument("--json", default="", help="also write the rows to this JSON file")
+    args.add_argument("--no-probe-compare", default="",
+                      help="comma-separated models to time without the fold-only comparison")
+    args.add_argument("--skip-nothing-to-fold", action="store_true",
+                      help="skip the two programs with nothing to fold")
+    return args
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--size", choices=["small", "large", "all"], default="all")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--models", default="")
-    parser.add_argument("--json", default="")
-    parser.add_argument("--no-probe-compare", default="",
-                        help="comma-separated models to time without the fold-only comparison")
-    parser.add_argument("--skip-nothing-to-fold", action="store_true")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    args = build_parser().parse_args(argv)
     names = [n for n in args.models.split(",") if n] or list(
-        {"small": models.SMALL, "large": models.LARGE, "all": models.ALL}[args.size])
+        {"small": catalog.SMALL, "large": catalog.LARGE,
+         "all": catalog.SMALL + catalog.LARGE}[args.size])
+    unknown = [n for n in names if n not in catalog.KNOWN]
+    if unknown:
+        build_parser().error(f"unknown model {unknown[0]!r}; known: {', '.join(catalog.KNOWN)}")
+    import torch
+    torch.set_num_threads(1)
     rows = []
     print("| model | stock s | xnnfold s | ideal s | xnnfold / ideal | xnnfold / stock | "
           "fold, fast probe s | fold, whole-program probe s |")

@@ -1,6 +1,6 @@
 """Tied output heads in transformers models (tiny configs, random weights): the strategies.
 
-    xnnfold bench tied-models MODEL ROUNDS      # MODEL: whisper-decoder, gpt2, llama
+    xnnfold bench tied-models MODEL [ROUNDS]      # MODEL: whisper-decoder, gpt2, llama
 
 Variants, each lowered once in this process, then timed in interleaved rounds (shuffled order,
 medians): stock (the head delegated with a constant copy of the table), xnnfold's default
@@ -10,39 +10,48 @@ activation is smaller), the same without the swap, and stock's flag.
 
 import sys
 from contextlib import contextmanager, nullcontext
-from unittest import mock
 
-import torch
-from torch import nn
+from xnnfold.bench.scripts import parser
 
-from xnnfold.bench.quiet import quiet
+MODELS = ("whisper-decoder", "gpt2", "llama")
 
 
-class WhisperDecoderStep(nn.Module):
-    """Whisper's decoder and its ``proj_out`` (tied to the token embedding), one step over
-    ``tokens`` given the encoder's states."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, tokens, states):
-        hidden = self.model.model.decoder(input_ids=tokens, encoder_hidden_states=states,
-                                          use_cache=False, return_dict=True).last_hidden_state
-        return self.model.proj_out(hidden)
-
-
-class Logits(nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, tokens):
-        return self.model(input_ids=tokens, use_cache=False, return_dict=True).logits
+def build_parser():
+    args = parser(__file__, __doc__)
+    args.add_argument("model", choices=MODELS, help="the transformers model (tiny config)")
+    args.add_argument("rounds", type=int, nargs="?", default=30, metavar="ROUNDS",
+                      help="interleaved timed rounds (default: 30)")
+    return args
 
 
 def build(name):
+    """(model, example inputs) of ``name``, one of :data:`MODELS` (seeded)."""
+    import torch
     import transformers as tf
+    from torch import nn
+
+    class WhisperDecoderStep(nn.Module):
+        """Whisper's decoder and its ``proj_out`` (tied to the token embedding), one step
+        over ``tokens`` given the encoder's states."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, tokens, states):
+            hidden = self.model.model.decoder(input_ids=tokens, encoder_hidden_states=states,
+                                              use_cache=False, return_dict=True
+                                              ).last_hidden_state
+            return self.model.proj_out(hidden)
+
+    class Logits(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, tokens):
+            return self.model(input_ids=tokens, use_cache=False, return_dict=True).logits
+
     torch.manual_seed(0)
     tokens = torch.randint(3, 1000, (1, 8))
     if name == "whisper-decoder":   # whisper-tiny's dims: d_model 384, 4 layers, 51,865 tokens
@@ -63,17 +72,21 @@ def build(name):
                                 num_key_value_heads=2, tie_word_embeddings=True,
                                 max_position_embeddings=64, attn_implementation="sdpa")
         return Logits(tf.LlamaForCausalLM(config)).eval(), (tokens,)
-    raise SystemExit(f"unknown model {name!r}")
+    raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
 
 
 @contextmanager
 def no_swap():
+    from unittest import mock
+
     from xnnfold.steps import runtime_weight
     with mock.patch.object(runtime_weight, "swap_if_smaller", lambda graph, gemm: False):
         yield
 
 
-def main(name="whisper-decoder", rounds=30):
+def run(name="whisper-decoder", rounds=30):
+    import torch
+
     from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE, lower
     from xnnfold.bench.side_by_side import lower_and_time
     torch.set_num_threads(1)
@@ -94,9 +107,16 @@ def main(name="whisper-decoder", rounds=30):
                    inputs, expected, rounds, prefix=f"{name} ")
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from xnnfold.bench.quiet import quiet
     stderr_filter = quiet()
     try:
-        main(sys.argv[1], *(int(a) for a in sys.argv[2:]))
+        run(args.model, args.rounds)
     finally:
         stderr_filter.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,6 +9,8 @@ import logging
 
 from torch.export import ExportedProgram
 
+from ...errors import warn_or_raise
+from ...validity import sync_output_specs
 from . import matmul, sdpa
 from .common import AttentionRewrite, Emitter
 from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK, SDPA
@@ -32,19 +34,22 @@ def rewrite_attention(program: ExportedProgram) -> list:
             step, op = matmul, "matmul"
         else:
             continue
-        reason = step.why_kept(node)
-        if reason is None:
-            name, emit = node.name, Emitter(graph, node)
-            try:
+        name, emit = node.name, None
+        try:   # the check too: a failure anywhere keeps this node as stock has it, only it
+            reason = step.why_kept(node)
+            if reason is None:
+                emit = Emitter(graph, node)
                 records.append(AttentionRewrite(name, proven=step.rewrite_one(emit, node), op=op))
                 continue
-            except Exception as error:  # noqa: BLE001 - this node stays as stock has it
+        except Exception as error:  # noqa: BLE001 - this node stays as stock has it
+            if emit is not None:
                 emit.discard()
-                reason = (f"internal failure, left as stock leaves it: "
-                          f"{type(error).__name__}: {error}")
-                logger.warning("xnnfold: %s %r %s", op, name, reason)
-        records.append(AttentionRewrite(node.name, kept_because=reason, op=op))
+            reason = (f"internal failure, left as stock leaves it: "
+                      f"{type(error).__name__}: {error}")
+            warn_or_raise(logger, "xnnfold: %s %r %s", op, name, reason)
+        records.append(AttentionRewrite(name, kept_because=reason, op=op))
     if any(r.rewritten for r in records):
         graph.lint()
         program.graph_module.recompile()
+        sync_output_specs(program)     # an attention the model returns is a new node now
     return records

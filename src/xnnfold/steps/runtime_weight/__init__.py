@@ -24,6 +24,7 @@ import torch.fx
 from ...analysis import is_dequantize, is_metadata_assertion
 from ...analysis.identity import removed_by_decomposition
 from ...rules import Rule, Status
+from ...validity import sync_output_specs
 from .config import MARK, is_marked, open_runtime_weight_path  # noqa: F401 - the step's API
 
 aten = torch.ops.aten
@@ -198,6 +199,7 @@ def mark_runtime_weights(result, prefer: str = "speed") -> None:
                          f"weight: {why}"
     graph.lint()
     result.program.graph_module.recompile()
+    sync_output_specs(result.program)    # a swapped GEMM the model returns ends in a new node
 
 
 def _stock_copies(gemm: torch.fx.Node, rows: list, rewritten: set) -> Optional[int]:

@@ -1,0 +1,49 @@
+"""The argument parsers of the command line and of the bench's scripts: one line per error,
+defaults in the help (a leaf of the standard library: parsing comes before any heavy import)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written; each option's default after its help, where it has one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if "%(default)" not in text and action.option_strings and default not in (
+                None, False, True, argparse.SUPPRESS) and default != []:
+            text += " (default: %(default)s)"
+        return text
+
+
+class ParserError(Exception):
+    """What the parser found wrong, in one line (``xnnfold: error: ...``)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``xnnfold: error: [command: ]message
+    (see ... --help)``, exit code 2 (argparse prints its usage first)."""
+
+    raises = False            # CommandParser: raise ParserError, for the caller to print
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        line = f"{command}{message} (see {self.prog} --help)"
+        if self.raises:
+            raise ParserError(line)
+        print(f"xnnfold: error: {line}", file=sys.stderr)
+        sys.exit(2)
+
+
+class CommandParser(Parser):
+    """The command line's parser (and its subcommands'): errors raised as
+    :class:`ParserError`."""
+
+    raises = True

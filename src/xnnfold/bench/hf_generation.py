@@ -1,0 +1,145 @@
+"""``xnnfold hf`` on a causal LM: the generation-ready .pte (:mod:`xnnfold.llm`), checked
+against eager and, with ``--compare``, beside stock's lowering of the same two programs.
+
+The check: a prompt of ``--tokens`` tokens through ``prefill``, then
+:data:`~xnnfold.bench.hf.CHECK_STEPS` greedy ``decode`` steps on the runtime; each step's
+logits against eager transformers' logits of the whole sequence at once (no cache), so the
+cache's update, its mask and its sharing between the two methods are all checked. The timing:
+interleaved rounds, each a prefill of the prompt and the same decode steps, medians.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import hf
+
+
+@dataclass
+class MethodLowering:
+    """One method of a lowered generation .pte, as a table row reads it."""
+
+    pte_bytes: int
+    lower_seconds: float
+    gemms_outside: list
+    delegate_calls: int
+    ops_outside: list
+
+
+def _lower(generation, variant: str, prefer: str) -> tuple:
+    """(.pte bytes, {method: MethodLowering}) of one variant."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackPartitioner as StockXnnpackPartitioner,
+    )
+
+    from ..analysis.gemms import EDGE_GEMM_NAMES
+    from ..llm import lower_generation
+    from .measure import STOCK, inspect_lowered
+
+    def outside(edge) -> dict:
+        return {method: inspect_lowered(edge.exported_program(method))[:2]
+                for method in generation.programs}
+
+    start = time.perf_counter()
+    if variant == STOCK:
+        lowered = lower_generation(generation, StockXnnpackPartitioner, before_emit=outside)
+    else:
+        lowered = lower_generation(generation, partitioner_kwargs={"prefer": prefer},
+                                   before_emit=outside)
+    seconds = time.perf_counter() - start
+    methods = {method: MethodLowering(len(lowered.pte), seconds,
+                                      [op for op in ops if op in EDGE_GEMM_NAMES], calls, ops)
+               for method, (ops, calls) in lowered.inspected.items()}
+    return lowered.pte, methods
+
+
+def compare_logits(actual: torch.Tensor, expected: torch.Tensor):
+    """``compare_outputs`` with an absolute tolerance scaled to the rows' largest logit: each
+    logit is a dot product with the same hidden state, so its rounding error follows the
+    row's magnitude, not its own (a logit near 0 is as far off as a large one)."""
+    from .compare import compare_outputs, default_tolerance
+
+    _, atol = default_tolerance(expected.dtype)
+    return compare_outputs(actual, expected, atol=atol * max(1.0, float(expected.abs().max())))
+
+
+def _check(model, generator, prompt: list) -> tuple:
+    """(prefill's verdict, decode's verdict): the runtime's logits of a greedy run against
+    eager's over the whole sequence."""
+    run = generator.generate(prompt, hf.CHECK_STEPS + 1, stop_at_eos=False, keep_logits=True)
+    sequence = prompt + run.tokens[:-1]
+    with torch.no_grad():
+        eager = model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0]
+    expected = eager[len(prompt) - 1:]                      # the rows that predict each token
+    got = torch.cat(run.logits)
+    return compare_logits(got[:1], expected[:1]), compare_logits(got[1:], expected[1:])
+
+
+def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0) -> dict:
+    """{variant: (prefill ms medians, decode ms per step medians)}, interleaved rounds."""
+    times = {variant: ([], []) for variant in generators}
+    order, rng = list(generators), random.Random(seed)
+    for index in range(rounds + 2):                         # two warm-up rounds
+        rng.shuffle(order)
+        for variant in order:
+            generator = generators[variant]
+            start = time.perf_counter()
+            logits = generator.prefill(prompt)
+            prefill = time.perf_counter() - start
+            token, start = int(logits.argmax()), time.perf_counter()
+            for position in range(len(prompt), len(prompt) + steps):
+                token = int(generator.step(token, position).argmax())
+            decode = (time.perf_counter() - start) / steps
+            if index >= 2:
+                times[variant][0].append(prefill * 1e3)
+                times[variant][1].append(decode * 1e3)
+    return {v: (statistics.median(p), statistics.median(d)) for v, (p, d) in times.items()}
+
+
+def export_generation(model, output: Path, compare: bool, tokens: int, reps: int, prefer: str,
+                      check: bool, max_cache: Optional[int], max_prefill: Optional[int]
+                      ) -> "hf.Exported":
+    from ..llm import Generator, export_causal_lm
+    from .measure import STOCK, XNNFOLD
+
+    name = type(model).__name__
+    with hf.failing_as_usage(f"{name}: the export with transformers' static cache (--no-cache "
+                             "exports its logits without a cache)"):
+        generation = export_causal_lm(model, max_cache, max_prefill)
+    variants = [STOCK, XNNFOLD] if compare else [XNNFOLD]
+    with hf.failing_as_usage(f"lowering {name}'s prefill and decode"):
+        lowered = {variant: _lower(generation, variant, prefer) for variant in variants}
+    output.write_bytes(lowered[XNNFOLD][0])
+    generators = {variant: Generator(pte) for variant, (pte, _) in lowered.items()}
+    torch.manual_seed(0)
+    prompt = torch.randint(0, generation.metadata["get_vocab_size"], (tokens,)).tolist()
+    verdicts = {variant: _check(model, g, prompt) if check else (None, None)
+                for variant, g in generators.items()}
+    timed = _time(generators, prompt, hf.CHECK_STEPS, reps) if compare else {}
+    exported = hf.Exported([], [], [])
+    for variant, (_, methods) in lowered.items():
+        for index, method in enumerate(("prefill", "decode")):
+            verdict = verdicts[variant][index]
+            if verdict is not None and not verdict.ok and variant == XNNFOLD:
+                exported.wrong.append(f"{output} ({method}): {verdict}")
+            exported.rows.append(hf.row(
+                method, variant, methods[method], verdict,
+                timed[variant][index] if timed else None,
+                str(output) if variant == XNNFOLD else ""))
+    exported.notes.append(
+        f"{output}: methods prefill (1 to {generation.max_prefill} tokens) and decode (1 "
+        f"token) over a static KV cache of {generation.max_cache} rows; run it with "
+        f"`xnnfold generate {output} --tokens 1,2,3 --max-new 32`")
+    for variant, (prefill_ms, decode_ms) in timed.items():
+        exported.notes.append(
+            f"{variant}: prefill of {tokens} tokens {prefill_ms:.3f} ms "
+            f"({tokens / prefill_ms * 1e3:,.1f} tokens/s); decode {decode_ms:.3f} ms per "
+            f"token ({1e3 / decode_ms:,.1f} tokens/s); medians of {reps} interleaved rounds")
+    return exported

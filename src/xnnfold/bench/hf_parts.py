@@ -1,0 +1,136 @@
+"""The programs ``xnnfold hf`` exports for each kind of model (:mod:`xnnfold.bench.hf`'s
+plan): the class config.json names, loaded from the folder, wrapped so that tensors go in and
+the output that class is for comes out, with seeded example inputs. (A causal LM's
+generation-ready form is :mod:`xnnfold.llm`'s.)"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import hf
+from .sources import UsageError
+
+
+@dataclass
+class Part:
+    """One program to export: its name (the .pte's suffix), module and example inputs."""
+
+    name: str
+    module: nn.Module
+    inputs: tuple
+
+
+class _Call(nn.Module):
+    """``method(**dict(zip(names, tensors)), **fixed)``'s output ``output``: a transformers
+    model with tensors in and one tensor out, as export wants."""
+
+    def __init__(self, model: nn.Module, names: tuple, output: str, method: str = "forward",
+                 **fixed):
+        super().__init__()
+        self.model, self.names, self.output, self.method = model, names, output, method
+        parameters = inspect.signature(getattr(model, method)).parameters
+        # use_cache=False where the model takes it: no cache object built, none returned
+        self.fixed = {**({"use_cache": False} if "use_cache" in parameters else {}), **fixed}
+
+    def forward(self, *tensors):
+        call = getattr(self.model, self.method)
+        return getattr(call(**dict(zip(self.names, tensors)), **self.fixed, return_dict=True),
+                       self.output)
+
+
+def load(plan: "hf.Plan", attention: str) -> nn.Module:
+    """The class config.json names, with the folder's weights, in eval mode."""
+    from .zoo import _transformers
+
+    tf = _transformers()
+    try:
+        cls = getattr(tf, plan.architecture)
+    except AttributeError:
+        raise UsageError(f"{plan.folder}: transformers {tf.__version__} has no class "
+                         f"{plan.architecture}")
+    progress = tf.utils.logging.is_progress_bar_enabled()
+    tf.utils.logging.disable_progress_bar()       # "Loading weights" on stderr, per tensor
+    try:
+        model = cls.from_pretrained(plan.folder, local_files_only=True,
+                                    attn_implementation=attention)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{plan.folder}: {plan.architecture}.from_pretrained failed "
+                         f"({type(error).__name__}: {str(error).splitlines()[0][:200]})")
+    finally:
+        if progress:
+            tf.utils.logging.enable_progress_bar()
+    return model.eval()
+
+
+def _text(config, tokens: int) -> tuple:
+    """Token ids and a mask that pads the last token (when there are two or more)."""
+    ids = torch.randint(0, config.vocab_size, (1, tokens))
+    mask = torch.ones(1, tokens, dtype=torch.long)
+    if tokens > 1:
+        mask[0, -1] = 0
+    return ids, mask
+
+
+def _image(config) -> torch.Tensor:
+    size = config.image_size
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    return torch.randn(1, config.num_channels, height, width)
+
+
+def parts(plan: "hf.Plan", model: nn.Module, tokens: int) -> list:
+    """The programs of ``model`` (loaded by :func:`load`) for ``plan``'s kind, except a causal
+    LM's generation form: a causal LM here is its logits of ``tokens`` tokens, no cache."""
+    from .zoo import _WhisperDecoderStep
+
+    torch.manual_seed(0)
+    config, kind = model.config, plan.kind
+    if kind == hf.WHISPER:
+        frames = 2 * config.max_source_positions
+        encoder = _Call(model.model.encoder, ("input_features",), "last_hidden_state")
+        return [Part("encoder", encoder, (torch.randn(1, config.num_mel_bins, frames),)),
+                Part("decoder", _WhisperDecoderStep(model).eval(),
+                     (torch.randint(0, config.vocab_size, (1, tokens)),
+                      torch.randn(1, config.max_source_positions, config.d_model)))]
+    if kind == hf.CAUSAL_LM:
+        return [Part("", _Call(model, ("input_ids",), "logits"),
+                     (torch.randint(0, config.vocab_size, (1, tokens)),))]
+    if kind == hf.SEQ2SEQ:
+        ids, mask = _text(config, tokens)
+        encoder = _Call(model.get_encoder(), ("input_ids", "attention_mask"),
+                        "last_hidden_state")
+        with torch.no_grad():
+            states = encoder(ids, mask)
+        decoder = _Call(model, ("decoder_input_ids", "encoder_outputs"), "logits")
+        return [Part("encoder", encoder, (ids, mask)),
+                Part("decoder", _Seq2SeqDecoderStep(decoder),
+                     (torch.randint(0, config.vocab_size, (1, tokens)), states))]
+    if kind in (hf.TEXT_LOGITS, hf.TEXT_BASE):
+        output = "logits" if kind == hf.TEXT_LOGITS else "last_hidden_state"
+        return [Part("", _Call(model, ("input_ids", "attention_mask"), output),
+                     _text(config, tokens))]
+    if kind in (hf.IMAGE_LOGITS, hf.VISION_BASE):
+        output = "logits" if kind == hf.IMAGE_LOGITS else "last_hidden_state"
+        return [Part("", _Call(model, ("pixel_values",), output), (_image(config),))]
+    if kind == hf.CLIP:
+        text = _Call(model, ("input_ids", "attention_mask"), "pooler_output",
+                     method="get_text_features")
+        vision = _Call(model, ("pixel_values",), "pooler_output", method="get_image_features")
+        return [Part("text", text, _text(config.text_config, tokens)),
+                Part("vision", vision, (_image(config.vision_config),))]
+    raise AssertionError(f"no parts for kind {kind!r}")   # plan() admits no other kind
+
+
+class _Seq2SeqDecoderStep(nn.Module):
+    """One decoder step of a seq2seq model: tokens over the encoder's states (all valid),
+    logits out, through the model's own forward (T5 scales a tied head's input there)."""
+
+    def __init__(self, call: _Call):
+        super().__init__()
+        self.call = call
+
+    def forward(self, tokens, states):
+        return self.call(tokens, (states,))

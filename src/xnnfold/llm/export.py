@@ -1,0 +1,233 @@
+"""A transformers causal LM to one generation-ready .pte: ``prefill`` and ``decode`` over one
+static KV cache.
+
+The cache is transformers' own (``transformers.integrations.executorch.
+TorchExportableModuleForDecoderOnlyLM``, the ``StaticCache`` of ``cache_implementation=
+"static"``): the keys and values of every layer are buffers of ``max_cache`` rows that the
+program updates in place at ``cache_position``; attention reads all rows under the causal mask.
+Both methods are exported from that one module, so they name the same buffers:
+
+- ``prefill(input_ids (1, T), cache_position (T,))``, ``1 <= T <= max_prefill`` a dynamic
+  length: writes T rows of the cache and returns the logits of the last position, (1, 1, V)
+  (the head runs on that position only: ``logits_to_keep=1``);
+- ``decode(input_ids (1, 1), cache_position (1,))``: one token, (1, 1, V): transformers' own
+  exported step, as is.
+
+``cache_position`` must be consecutive positions (transformers' wrapper reads its first value
+only). The two methods share the cache: the program is emitted with executorch's
+``MemoryPlanningPass(share_mutable_buffers=True)``, which places every mutable buffer at the
+same offset of a memory arena of its own (mem_id 2) in both methods. A runtime that gives each
+method its own planned memory does not share it: :mod:`xnnfold.llm.runtime` loads the program
+with ``executorch.runtime.Runtime`` (its host methods share one set of arenas), as a C++ app
+does with ``Module(..., share_memory_arenas=true)``; the pybindings'
+``_load_for_executorch_from_buffer`` gives each method its own (decode then reads an empty
+cache). Constant methods carry what a runner needs, under the names executorch's own LLM export
+uses (``get_max_seq_len``: the longest prefill, ``get_max_context_len``: the cache rows,
+``get_vocab_size``, ``use_kv_cache``, ``enable_dynamic_shape``, ``get_eos_ids``...).
+
+transformers is imported by the functions that need it, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .sizes import cache_sizes
+
+PREFILL, DECODE = "prefill", "decode"
+
+
+@dataclass
+class GenerationPrograms:
+    """The two exported programs of one model and the constant methods to emit with them."""
+
+    programs: dict                      # {"prefill": ExportedProgram, "decode": ExportedProgram}
+    metadata: dict = field(default_factory=dict)
+    max_cache: int = 0
+    max_prefill: int = 0
+
+
+class _HeadOnLastPosition(nn.Module):
+    """The causal LM called with ``logits_to_keep=1``: the output head on the last position
+    only (prefill's T-1 other rows of logits are never read; the head is often the largest
+    GEMM of a small model)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kwargs):
+        return self.model(**kwargs, logits_to_keep=1)
+
+
+def _text_config(model):
+    return model.config.get_text_config()
+
+
+def positions_of(model) -> Optional[int]:
+    """The model's own limit on positions (``max_position_embeddings``), if it has one."""
+    config = _text_config(model)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def sizes(model, max_cache: Optional[int] = None, max_prefill: Optional[int] = None) -> tuple:
+    """(cache rows, longest prefill) of ``model``: :func:`xnnfold.llm.sizes.cache_sizes`."""
+    return cache_sizes(positions_of(model), max_cache, max_prefill)
+
+
+def _metadata(model, max_cache: int, max_prefill: int) -> dict:
+    config = _text_config(model)
+    metadata = {"get_max_seq_len": max_prefill, "get_max_context_len": max_cache,
+                "get_vocab_size": int(config.vocab_size), "use_kv_cache": True,
+                "use_sdpa_with_kv_cache": False, "enable_dynamic_shape": True}
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int):
+        metadata["get_n_layers"] = layers
+    generation = getattr(model, "generation_config", None)
+    for source in (generation, config):
+        bos = getattr(source, "bos_token_id", None)
+        if isinstance(bos, int) and "get_bos_id" not in metadata:
+            metadata["get_bos_id"] = bos
+        eos = getattr(source, "eos_token_id", None)
+        eos = [eos] if isinstance(eos, int) else eos
+        if eos and all(isinstance(e, int) for e in eos) and "get_eos_ids" not in metadata:
+            metadata["get_eos_ids"] = list(eos)
+    return metadata
+
+
+def _exportable(model, max_cache: int) -> nn.Module:
+    """transformers' exportable module around ``model`` (static cache, batch 1). The model's
+    generation config is the caller's: it is set to a static cache only while the wrapper is
+    built (the wrapper checks it then), then restored."""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(saved)
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.use_cache = True
+    try:
+        return TorchExportableModuleForDecoderOnlyLM(model, batch_size=1,
+                                                     max_cache_len=max_cache).model
+    finally:
+        model.generation_config = saved
+
+
+def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
+                     max_prefill: Optional[int] = None, example_tokens: int = 4
+                     ) -> GenerationPrograms:
+    """``prefill`` and ``decode`` of a transformers causal LM (in eval mode), exported with
+    transformers' static cache of ``max_cache`` rows; prefill takes 1 to ``max_prefill``
+    tokens. The caller's model is not changed (its weights are shared, not copied)."""
+    max_cache, max_prefill = sizes(model, max_cache, max_prefill)
+    if "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        raise ValueError(f"{type(model).__name__}.forward has no logits_to_keep: not a "
+                         "transformers causal LM this export knows")
+    example = max(1, min(example_tokens, max_prefill))
+    vocab = int(_text_config(model).vocab_size)
+    with torch.no_grad():
+        # One wrapper per method: each export traces its own cache buffers (same names, so the
+        # lowered methods share them), and neither trace sees the other's state.
+        decode = torch.export.export(
+            _exportable(model, max_cache), (),
+            {"input_ids": torch.zeros(1, 1, dtype=torch.long),
+             "cache_position": torch.zeros(1, dtype=torch.long)}, strict=True)
+        stepper = _exportable(model, max_cache)
+        stepper.model = _HeadOnLastPosition(stepper.model)
+        length = torch.export.Dim("prefill_tokens", min=1, max=max_prefill)
+        prefill = torch.export.export(
+            stepper, (),
+            {"input_ids": torch.randint(0, vocab, (1, example), dtype=torch.long),
+             "cache_position": torch.arange(example, dtype=torch.long)},
+            dynamic_shapes={"input_ids": {1: length}, "cache_position": {0: length}},
+            strict=True)
+    return GenerationPrograms({PREFILL: prefill, DECODE: decode},
+                              _metadata(model, max_cache, max_prefill), max_cache, max_prefill)
+
+
+@dataclass
+class LoweredGeneration:
+    """The .pte of a :class:`GenerationPrograms`, each method's partitioner (xnnfold's holds
+    its ``last_result``) and what ``before_emit`` returned."""
+
+    pte: bytes
+    partitioners: dict                    # {method: its partitioner}
+    inspected: object = None
+
+
+def lower_generation(generation: GenerationPrograms, partitioner_class=None,
+                     partitioner_kwargs: Optional[dict] = None, before_emit=None
+                     ) -> LoweredGeneration:
+    """Both methods lowered in one ``to_edge_transform_and_lower`` (a partitioner each; by
+    default xnnfold's :class:`~xnnfold.XnnpackPartitioner`), emitted with the cache shared.
+    ``before_emit(edge)`` may read the lowered programs (``edge.exported_program(method)``)
+    before emission rewrites them."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    if partitioner_class is None:
+        from ..partitioner import XnnpackPartitioner as partitioner_class
+    partitioners = {name: partitioner_class(**(partitioner_kwargs or {}))
+                    for name in generation.programs}
+    edge = to_edge_transform_and_lower(
+        dict(generation.programs), partitioner={n: [p] for n, p in partitioners.items()},
+        constant_methods=dict(generation.metadata))
+    inspected = before_emit(edge) if before_emit is not None else None
+    cache = {fqn for name in generation.programs
+             for fqn in edge.exported_program(name).graph_signature.buffers_to_mutate.values()}
+    program = edge.to_executorch(emit_config())
+    check_shared(program.executorch_program, list(generation.programs), cache)
+    return LoweredGeneration(program.buffer, partitioners, inspected)
+
+
+class CacheNotShared(RuntimeError):
+    """A mutable buffer is not at one place that all the methods read and write."""
+
+
+def check_shared(program, methods: list, buffers: set) -> None:
+    """Every buffer of ``buffers`` (by name) is in the shared arena (mem_id 2) at the same
+    offsets in each of ``methods`` of the emitted ``program``; else :class:`CacheNotShared`:
+    prefill would write a cache that decode does not read."""
+    places: dict = {}
+    for plan in program.execution_plan:
+        if plan.name not in methods:
+            continue
+        for value in plan.values:
+            info = getattr(value.val, "extra_tensor_info", None)
+            where = getattr(value.val, "allocation_info", None)
+            if info is not None and info.fully_qualified_name in buffers and where is not None:
+                places.setdefault(info.fully_qualified_name, {})[plan.name] = (
+                    where.memory_id, where.memory_offset_low, where.memory_offset_high)
+    for fqn in sorted(buffers):
+        seen = places.get(fqn, {})
+        if set(seen) != set(methods) or len(set(seen.values())) != 1 or \
+                next(iter(seen.values()))[0] != 2:
+            raise CacheNotShared(f"buffer {fqn} is not at one shared place in "
+                                 f"{' and '.join(methods)} (memory id, offsets: {seen or 'none'})")
+
+
+def emit_config():
+    """executorch's emission with every mutable buffer (the cache) at one place that all
+    methods share: an arena of its own (mem_id 2), the same offset in each method."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+
+    return ExecutorchBackendConfig(
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+        emit_mutable_buffer_names=True)
+
+
+def causal_lm_to_pte(model: nn.Module, max_cache: Optional[int] = None,
+                     max_prefill: Optional[int] = None, **partitioner_kwargs) -> bytes:
+    """The generation-ready .pte of ``model`` through xnnfold (``partitioner_kwargs``: those
+    of :class:`~xnnfold.XnnpackPartitioner`, e.g. ``prefer="size"``)."""
+    generation = export_causal_lm(model, max_cache, max_prefill)
+    return lower_generation(generation, partitioner_kwargs=partitioner_kwargs).pte

@@ -1,0 +1,175 @@
+"""Greedy generation with a generation-ready .pte (:mod:`xnnfold.llm.export`) on the ExecuTorch
+runtime, timed.
+
+The program is loaded with ``executorch.runtime.Runtime``: its methods on the host share one
+set of memory arenas, so ``prefill`` and ``decode`` read and write the same cache (the .pte
+places it in an arena of its own, mem_id 2, at the same offsets in both methods). A prompt
+longer than the .pte's longest prefill goes in as consecutive chunks: each chunk attends to the
+rows already cached and to itself, causally, which is what one long prefill computes.
+Needs torch and executorch only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence, Union
+
+import torch
+
+PREFILL, DECODE = "prefill", "decode"
+
+
+class NotAGenerationProgram(ValueError):
+    """The .pte has no ``prefill``/``decode`` methods (one line naming what it has)."""
+
+
+@dataclass
+class Generation:
+    """The tokens one greedy run produced and how long each phase took."""
+
+    prompt: list
+    tokens: list                       # the new tokens, in order
+    prefill_seconds: float
+    decode_seconds: float
+    decode_steps: int                  # decode calls (the first new token comes from prefill)
+    stopped_at_eos: bool = False
+    logits: list = field(default_factory=list)   # each new token's logits (1, V), if kept
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return len(self.prompt) / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.decode_steps / self.decode_seconds if self.decode_seconds else 0.0
+
+    def summary(self) -> str:
+        lines = [f"prompt: {len(self.prompt)} token(s); generated {len(self.tokens)}"
+                 f"{' (stopped at EOS)' if self.stopped_at_eos else ''}: "
+                 f"{','.join(str(t) for t in self.tokens)}",
+                 f"prefill: {len(self.prompt)} token(s) in {self.prefill_seconds * 1e3:.2f} ms "
+                 f"({self.prefill_tokens_per_second:,.1f} tokens/s)"]
+        if self.decode_steps:
+            lines.append(f"decode: {self.decode_steps} step(s) in "
+                         f"{self.decode_seconds * 1e3:.2f} ms ({self.decode_tokens_per_second:,.1f}"
+                         f" tokens/s, {self.decode_seconds * 1e3 / self.decode_steps:.3f} ms "
+                         "per token)")
+        else:
+            lines.append("decode: no step (one new token comes from prefill)")
+        return "\n".join(lines)
+
+
+def set_threads(threads: int) -> None:
+    """The runtime's thread pool (XNNPACK's and the portable kernels'): ``threads`` threads
+    for every program of this process. Call it before running, never during a run."""
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    if threads < 1:
+        raise ValueError(f"threads {threads}: at least 1")
+    _unsafe_reset_threadpool(threads)
+
+
+def _constant(program, name: str, default=None):
+    if name not in program.method_names:
+        return default
+    values = list(program.load_method(name).execute(()))
+    return values if len(values) != 1 else values[0]
+
+
+class Generator:
+    """A generation-ready .pte (bytes or a path) loaded on the runtime."""
+
+    def __init__(self, pte: Union[bytes, str, Path]):
+        from executorch.runtime import Runtime
+
+        data = pte if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes()
+        self._data = bytes(data)              # the loaded program reads from this buffer
+        self._program = Runtime.get().load_program(self._data)
+        methods = set(self._program.method_names)
+        if not {PREFILL, DECODE} <= methods:
+            raise NotAGenerationProgram(
+                f"no prefill and decode methods (it has: {', '.join(sorted(methods))}); "
+                "write a generation .pte with `xnnfold hf DIR` on a causal LM")
+        self.max_cache = int(_constant(self._program, "get_max_context_len", 0))
+        self.max_prefill = int(_constant(self._program, "get_max_seq_len", 0))
+        self.vocab_size = int(_constant(self._program, "get_vocab_size", 0))
+        eos = _constant(self._program, "get_eos_ids", [])
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        if self.max_cache < 1 or self.max_prefill < 1:
+            raise NotAGenerationProgram("no get_max_context_len / get_max_seq_len constants: "
+                                        "not a .pte xnnfold.llm wrote")
+        self._prefill = self._program.load_method(PREFILL)
+        self._decode = self._program.load_method(DECODE)
+
+    def _check(self, tokens: Sequence[int], start: int, new: int = 0) -> None:
+        if not tokens:
+            raise ValueError("the prompt is empty: give at least one token")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token {bad[0]} is outside the vocabulary (0 to "
+                             f"{self.vocab_size - 1})")
+        end = start + len(tokens) + max(0, new - 1)
+        if end > self.max_cache:
+            raise ValueError(f"{len(tokens)} prompt token(s) + {new} new at position {start} "
+                             f"need {end} cache rows; this .pte has {self.max_cache}")
+
+    def prefill(self, tokens: Sequence[int], start: int = 0) -> torch.Tensor:
+        """Write ``tokens`` into the cache from position ``start``; the last one's logits,
+        (1, V). Chunks of at most ``max_prefill`` tokens."""
+        self._check(tokens, start)
+        logits = None
+        for offset in range(0, len(tokens), self.max_prefill):
+            chunk = list(tokens[offset:offset + self.max_prefill])
+            first = start + offset
+            (logits,) = self._prefill.execute((
+                torch.tensor([chunk], dtype=torch.long),
+                torch.arange(first, first + len(chunk), dtype=torch.long)))
+        return logits.reshape(1, -1)
+
+    def step(self, token: int, position: int) -> torch.Tensor:
+        """One token at ``position`` into the cache; its logits, (1, V)."""
+        if not 0 <= position < self.max_cache:
+            raise ValueError(f"position {position} is outside the cache (0 to "
+                             f"{self.max_cache - 1})")
+        (logits,) = self._decode.execute((torch.tensor([[token]], dtype=torch.long),
+                                          torch.tensor([position], dtype=torch.long)))
+        return logits.reshape(1, -1)
+
+    def generate(self, prompt: Sequence[int], max_new: int, stop_at_eos: bool = True,
+                 keep_logits: bool = False) -> Generation:
+        """Greedy decoding: ``max_new`` tokens after ``prompt`` (fewer at an EOS id the .pte
+        names, unless ``stop_at_eos`` is False). The cache starts at position 0 each time."""
+        prompt = [int(t) for t in prompt]
+        if max_new < 1:
+            raise ValueError(f"max_new {max_new}: generate at least one token")
+        self._check(prompt, 0, max_new)
+        start = time.perf_counter()
+        logits = self.prefill(prompt)
+        prefill_seconds = time.perf_counter() - start
+        tokens, kept, steps, decode_seconds = [], [], 0, 0.0
+        position, stopped = len(prompt), False
+        while True:
+            token = int(logits.argmax(dim=-1))
+            tokens.append(token)
+            if keep_logits:
+                kept.append(logits)
+            if stop_at_eos and token in self.eos_ids:
+                stopped = True
+                break
+            if len(tokens) == max_new:
+                break
+            start = time.perf_counter()
+            logits = self.step(token, position)
+            decode_seconds += time.perf_counter() - start
+            steps += 1
+            position += 1
+        return Generation(prompt, tokens, prefill_seconds, decode_seconds, steps, stopped, kept)
+
+
+def generate(pte: Union[bytes, str, Path], prompt: Sequence[int], max_new: int,
+             stop_at_eos: bool = True) -> Generation:
+    """Greedy generation with the .pte at ``pte`` (see :class:`Generator`)."""
+    return Generator(pte).generate(prompt, max_new, stop_at_eos)
+

@@ -1,0 +1,187 @@
+"""The command line before any work: bad input is one line and exit 2, --help and --version
+answer, every bench script parses its arguments first; all of it without importing torch
+(checked in a subprocess where ``import torch`` fails)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xnnfold.bench import catalog, models, zoo
+from xnnfold.bench.scripts import SCRIPTS, summary
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _without_torch(code: str, cwd, *args: str) -> subprocess.CompletedProcess:
+    """``code`` run where ``import torch`` raises: what it reaches does not import torch."""
+    prelude = "import sys\nsys.modules['torch'] = None\n"
+    return subprocess.run([sys.executable, "-c", prelude + code, *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120, env={**os.environ, "PYTHONPATH": SRC})
+
+
+_MAIN_EACH = """
+import io, json
+from xnnfold.bench.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    sys.stderr = io.StringIO()
+    try:
+        code = main(argv)
+    except SystemExit as exit:
+        code = exit.code
+    results.append([code, sys.stderr.getvalue()])
+sys.stderr = sys.__stderr__
+print(json.dumps(results))
+"""
+
+
+def _main_each(argvs: list, cwd) -> list:
+    """[exit code, stderr] of ``main(argv)`` for each of ``argvs``, without torch."""
+    done = _without_torch(_MAIN_EACH, cwd, json.dumps(argvs))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A user's folder: a factory module, a GPT-2-like save_pretrained folder (config only),
+    a folder without config, a plain file."""
+    folder = tmp_path_factory.mktemp("user")
+    (folder / "mymodel.py").write_text("def build():\n    raise SystemExit('built')\n")
+    (folder / "gpt").mkdir()
+    (folder / "gpt" / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_positions": 64}))
+    (folder / "empty").mkdir()
+    (folder / "notes.txt").write_text("x")
+    (folder / "existing").mkdir()
+    return folder
+
+
+UNWRITABLE = "/sys/xnnfold-test.pte"      # sysfs takes no new file, even from root
+
+BAD = [  # argv, what the one line says
+    (["lower", "mymodel:build", "-o", "existing"], "existing: is a folder; -o takes the .pte"),
+    (["lower", "mymodel:build", "-o", "nowhere/x.pte"], "folder nowhere does not exist"),
+    (["lower", "mymodel:build", "-o", UNWRITABLE], "cannot be written"),
+    (["lower", "nope.pt2", "-o", "x.pte"], "nope.pt2: no such file"),
+    (["lower", "mymodel", "-o", "x.pte"], "no such file, nor package.module:function"),
+    (["lower", "notes.txt", "-o", "x.pte"], "not a .pt2 file"),
+    (["lower", "mymodel:build", "-o", "x.pte", "--quantize", "int4"],
+     "lower: argument --quantize: invalid choice: 'int4'"),
+    (["lower", "mymodel:build"], "the following arguments are required: -o/--output"),
+    (["explain", "empty"], "empty: is a directory"),
+    (["report", "--variants", "bogus"], "unknown variant 'bogus'"),
+    (["report", "--models", "nope"], "unknown model 'nope'"),
+    (["report", "cross-attention", "nope"], "unknown model 'nope'"),
+    (["report", "gone.pt2"], "gone.pt2: no such file"),
+    (["report", "--reps", "0"], "--reps 0: must be at least 1"),
+    (["report", "--out", "notes.txt"], "notes.txt: is a file, not a folder"),
+    (["report", "--out", "/sys/xnnfold-report"], "cannot write in /sys"),
+    (["hf", "gpt", "-o", "g.pte", "--tokens", "0"], "--tokens 0: must be at least 1"),
+    (["hf", "gpt", "-o", "g.pte", "--tokens", "100"],
+     "--tokens 100: the model takes at most 64 (n_positions in gpt/config.json)"),
+    (["hf", "empty", "-o", "g.pte"], "empty: no config.json"),
+    (["hf", "missing", "-o", "g.pte"], "missing: no such folder"),
+    (["hf", "gpt", "-o", "existing"], "existing: is a folder"),
+    (["hf", "gpt", "-o", "g.pte", "--reps", "0"], "--reps 0: must be at least 1"),
+    (["bench", "nope"], "bench: argument NAME: invalid choice: 'nope'"),
+    ([], "the following arguments are required: COMMAND"),
+]
+
+
+def test_bad_input_is_one_line_and_exit_2_before_torch(folder):
+    if os.access("/sys", os.W_OK) and Path("/sys").is_dir():
+        try:
+            open(UNWRITABLE, "ab").close()
+            os.unlink(UNWRITABLE)
+            pytest.skip("/sys takes files here")
+        except OSError:
+            pass
+    results = _main_each([argv for argv, _ in BAD], folder)
+    for (argv, says), (code, err) in zip(BAD, results):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (argv, code, err)
+        assert lines[0].startswith("xnnfold: error: ") and says in lines[0], (argv, lines)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "empty", "existing", "gpt", "mymodel.py", "notes.txt"]      # nothing left behind
+
+
+def test_the_check_runs_where_torch_does_not_import(folder):
+    """The subprocess above cannot pass by accident: in it, work that needs torch fails."""
+    done = _without_torch("from xnnfold.bench.cli import main\n"
+                          "sys.exit(main(['lower', 'mymodel:build', '-o', 'x.pte']))", folder)
+    assert done.returncode != 0 and "torch" in done.stderr, done.stderr[-2000:]
+
+
+def test_help_and_version_without_torch(folder):
+    commands = ["report", "lower", "explain", "hf", "bench"]
+    results = _main_each([["--help"], ["--version"]] + [[c, "--help"] for c in commands],
+                         folder)
+    assert all(code == 0 for code, _ in results), results
+    code = ("import io, contextlib\nfrom xnnfold.bench.cli import main\n"
+            "for argv in (['--version'], ['report', '--help'], ['lower', '--help'], "
+            "['bench', '--help']):\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out):\n"
+            "        try:\n            main(argv)\n        except SystemExit:\n            pass\n"
+            "    print(out.getvalue(), '=====')\n")
+    done = _without_torch(code, folder)
+    assert done.returncode == 0, done.stderr[-2000:]
+    version, report, lower, bench, _ = done.stdout.split("=====")
+    assert version.strip().startswith("xnnfold 0.1.0 (torch ")
+    assert "(default: 20)" in report and "(default: out/report)" in report, report
+    assert "(default: speed)" in lower and "--check" in lower, lower
+    # the bench's help says what each script measures, from the package itself
+    assert "README" not in bench
+    for name in SCRIPTS:
+        assert name in bench and summary(name)[:30] in " ".join(bench.split()), name
+
+
+def test_bench_scripts_parse_before_torch():
+    """Each script: ``usage: xnnfold bench NAME``, help for every option, --help without
+    torch."""
+    code = """
+import io, contextlib, importlib
+from xnnfold.bench.scripts import SCRIPTS
+for name, module in SCRIPTS.items():
+    script = importlib.import_module(f"xnnfold.bench.scripts.{module}")
+    parser = script.build_parser()
+    assert parser.prog == f"xnnfold bench {name}", parser.prog
+    bare = [a.dest for a in parser._actions if a.dest != "help" and not a.help]
+    assert not bare, (name, bare)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            script.main(["--help"])
+        except SystemExit as exit:
+            assert exit.code == 0, exit.code
+    assert out.getvalue().startswith(f"usage: xnnfold bench {name} "), out.getvalue()[:200]
+print("ok")
+"""
+    done = _without_torch(code, cwd=None)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_bench_help_through_the_command_without_torch(tmp_path):
+    """``xnnfold bench NAME --help`` as a user runs it: the script runs in a process of its
+    own, where a ``torch`` module that raises shadows the real one."""
+    (tmp_path / "torch.py").write_text("raise ImportError('torch imported by --help')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
+    shadowed = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True,
+                              text=True, env=env, cwd=tmp_path)
+    assert "torch imported by --help" in shadowed.stderr       # the shadow works
+    for name in SCRIPTS:
+        done = subprocess.run([sys.executable, "-m", "xnnfold", "bench", name, "--help"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path,
+                              timeout=120)
+        assert done.returncode == 0, (name, done.stderr[-2000:])
+        assert done.stdout.startswith(f"usage: xnnfold bench {name}"), done.stdout[:200]
+
+
+def test_catalog_names_are_the_builders_keys():
+    assert catalog.SMALL == tuple(models.SMALL) and catalog.LARGE == tuple(models.LARGE)
+    assert catalog.ZOO == tuple(zoo.ZOO)

@@ -1,0 +1,119 @@
+"""``xnnfold hf`` decides what a folder exports as from its config.json alone, before torch,
+transformers or the weights load: folders here hold a config.json and nothing else."""
+
+import json
+import sys
+import time
+
+import pytest
+
+from xnnfold.bench import cli, hf
+from xnnfold.bench.sources import UsageError
+from xnnfold.llm.sizes import cache_sizes
+
+
+def _folder(tmp_path, architecture, model_type, **config):
+    folder = tmp_path / architecture
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"architectures": [architecture], "model_type": model_type, **config}))
+    return str(folder)
+
+
+TEXT = dict(vocab_size=100, max_position_embeddings=32)
+IMAGE = dict(image_size=16, num_channels=3)
+
+
+@pytest.mark.parametrize("architecture, model_type, config, kind", [
+    ("LlamaForCausalLM", "llama", TEXT, hf.CAUSAL_LM),
+    ("GPT2LMHeadModel", "gpt2", dict(vocab_size=100, n_positions=32), hf.CAUSAL_LM),
+    ("WhisperForConditionalGeneration", "whisper", dict(max_target_positions=16), hf.WHISPER),
+    ("T5ForConditionalGeneration", "t5", dict(vocab_size=100, is_encoder_decoder=True),
+     hf.SEQ2SEQ),
+    ("BartForConditionalGeneration", "bart", dict(TEXT, is_encoder_decoder=True), hf.SEQ2SEQ),
+    ("BertForSequenceClassification", "bert", TEXT, hf.TEXT_LOGITS),
+    ("DistilBertForMaskedLM", "distilbert", TEXT, hf.TEXT_LOGITS),
+    ("RobertaForTokenClassification", "roberta", dict(TEXT, pad_token_id=1), hf.TEXT_LOGITS),
+    ("BertModel", "bert", TEXT, hf.TEXT_BASE),
+    ("T5EncoderModel", "t5", dict(vocab_size=100), hf.TEXT_BASE),
+    ("ViTForImageClassification", "vit", IMAGE, hf.IMAGE_LOGITS),
+    ("ViTModel", "vit", IMAGE, hf.VISION_BASE),
+    ("CLIPModel", "clip", dict(text_config=TEXT, vision_config=IMAGE), hf.CLIP),
+])
+def test_the_class_config_json_names_decides(tmp_path, architecture, model_type, config, kind):
+    plan = hf.plan(_folder(tmp_path, architecture, model_type, **config))
+    assert (plan.kind, plan.architecture) == (kind, architecture)
+
+
+@pytest.mark.parametrize("architecture, model_type, config", [
+    ("Wav2Vec2ForCTC", "wav2vec2", dict(vocab_size=32)),
+    ("LlavaForConditionalGeneration", "llava", dict(vision_config=IMAGE, text_config=TEXT)),
+    ("T5Model", "t5", dict(vocab_size=100, is_encoder_decoder=True)),
+    ("WhisperModel", "whisper", {}),
+    ("ViTForImageClassification", "vit", {}),                   # no image size: no input
+])
+def test_other_classes_are_refused_naming_the_class(tmp_path, architecture, model_type, config):
+    with pytest.raises(UsageError, match=f"{architecture} \\(model type '{model_type}'\\) is "
+                       "not a class xnnfold hf exports"):
+        hf.plan(_folder(tmp_path, architecture, model_type, **config))
+
+
+def test_refused_in_well_under_a_second_without_transformers(tmp_path, capsys, monkeypatch):
+    """The refusal comes from config.json: with transformers unimportable the command still
+    refuses the class (not "needs transformers"), and the folder holds no weights to load."""
+    folder = _folder(tmp_path, "Wav2Vec2ForCTC", "wav2vec2", vocab_size=32)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    start = time.perf_counter()
+    assert cli.main(["hf", folder, "-o", str(tmp_path / "x.pte")]) == 2
+    assert time.perf_counter() - start < 1.0
+    assert "Wav2Vec2ForCTC (model type 'wav2vec2') is not a class" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config, tokens, message", [
+    (TEXT, 0, "--tokens 0: give at least 1 token"),
+    (TEXT, 33, "--tokens 33 is beyond the model's 32 positions"),
+    # RoBERTa numbers positions from pad_token_id + 1: 32 - 2 usable
+    (dict(TEXT, pad_token_id=1), 31, "--tokens 31 is beyond the model's 30 positions"),
+])
+def test_tokens_the_model_cannot_take(tmp_path, config, tokens, message):
+    folder = _folder(tmp_path, "RobertaModel" if "pad_token_id" in config else "BertModel",
+                     "roberta" if "pad_token_id" in config else "bert", **config)
+    with pytest.raises(UsageError, match=message):
+        hf.plan(folder, tokens)
+
+
+def test_roberta_takes_its_last_usable_position(tmp_path):
+    folder = _folder(tmp_path, "RobertaModel", "roberta", **dict(TEXT, pad_token_id=1))
+    assert hf.plan(folder, 30).positions == 30
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(max_cache=64), "--max-cache 64 is beyond the model's 32 positions"),
+    (dict(max_cache=1), "--max-cache 1: a cache needs at least 2 rows"),
+    (dict(max_prefill=40, max_cache=32), "--max-prefill 40: expected 1 to --max-cache"),
+    (dict(max_cache=10, tokens=8), "--tokens 8: the check runs 8 \\+ 4 positions, the cache "
+     "has 10 rows"),
+])
+def test_cache_sizes_checked_from_the_config(tmp_path, options, message):
+    folder = _folder(tmp_path, "LlamaForCausalLM", "llama", **TEXT)
+    with pytest.raises(UsageError, match=message):
+        hf.plan(folder, options.pop("tokens", 8), True, **options)
+    # --no-cache: no cache to size
+    assert hf.plan(folder, 8, False, **options).kind == hf.CAUSAL_LM
+
+
+def test_cache_defaults():
+    assert cache_sizes(None) == (1024, 128)
+    assert cache_sizes(64) == (64, 64)            # capped by the model's positions
+    assert cache_sizes(4096, 256) == (256, 128)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "not a readable JSON config"),
+    ("[1]", "not a JSON object"),
+    ('{"model_type": "bert"}', "config.json names no architecture"),
+])
+def test_unreadable_configs(tmp_path, content, message):
+    (tmp_path / "config.json").write_text(content)
+    with pytest.raises(UsageError, match=message):
+        hf.plan(str(tmp_path))
