@@ -24,7 +24,8 @@ class CacheAttention(nn.Module):
     position) or as executorch's example does (``"et"``: ``cache[:, :, pos] = k``,
     ``repeat_interleave``, rows of a causal mask buffer). ``mask``: "causal", "window" (a
     sliding window of 3: not causal from the position), "padding" (also blocks the keys a user
-    input marks invalid). ``peek``: also reads the key cache before updating it."""
+    input marks invalid), "first3" (causal for the first 3 rows of a step, the later rows of a
+    longer step attend nothing). ``peek``: also reads the key cache before updating it."""
 
     def __init__(self, style="hf", mask="causal", peek=False, groups=GROUPS):
         super().__init__()
@@ -66,6 +67,8 @@ class CacheAttention(nn.Module):
             mask = columns <= rows
             if self.mask == "window":
                 mask = mask & (columns > rows - 3)
+            if self.mask == "first3":
+                mask = mask & (torch.arange(length) < 3)[:, None]
             mask = mask[None, None]
         if self.mask == "padding":
             mask = mask & valid
@@ -144,6 +147,82 @@ def test_prefill_then_decode_llm_kernels():
     _, program, records = rewritten(module, sequence[0], llm=True)
     assert records[0].kernels.startswith("llama::update_cache")
     assert matches(program, module, sequence).ok
+
+
+PREFILL = 5        # the longest step of a dynamic length
+
+
+def dynamic(module, example, llm):
+    """``module`` exported with a dynamic step length (1 .. PREFILL, as a prefill method) and
+    rewritten."""
+    torch.manual_seed(0)
+    length = torch.export.Dim("length", min=1, max=PREFILL)
+    ep = torch.export.export(module.eval(), example,
+                             dynamic_shapes=({1: length}, {0: length}))
+    program = copy_program(ep)
+    return program, kv_cache.rewrite_kv_caches(program, llm)
+
+
+def varied_steps():
+    """Steps of 2, 4, 1 and 1 tokens at consecutive positions, all S of them (a prompt in
+    chunks, then decoding)."""
+    gen, start, sequence = torch.Generator().manual_seed(0), 0, []
+    for length in (2, 4, 1, 1):
+        sequence.append((torch.randn(1, length, E, generator=gen),
+                         torch.arange(start, start + length)))
+        start += length
+    return sequence
+
+
+@pytest.mark.parametrize("llm", [False, True], ids=["default", "llm-kernels"])
+def test_dynamic_length_proven_for_every_length(llm):
+    """A prefill of 1 to PREFILL tokens: the positions arange(L) + P with L the step's own
+    symbol, the mask proven causal for every L and P, so no keep factor (default) and
+    custom_sdpa (llm_kernels), equal to eager over steps of several lengths."""
+    module = CacheAttention("hf")
+    sequence = varied_steps()
+    program, records = dynamic(module, sequence[0], llm)
+    assert records[0].rewritten, records[0].describe()
+    if llm:
+        assert records[0].kernels == "llama::update_cache, llama::custom_sdpa"
+    else:
+        assert records[0].proven.startswith("mask proven causal"), records[0].proven
+    assert matches(program, module, sequence).ok
+
+
+def test_mask_causal_for_short_steps_only_is_not_proven():
+    """Causal for steps of up to 3 tokens (the export's example has 2), not for 4 or 5: the
+    proof covers every length, custom_sdpa is refused, fully blocked rows keep eager's 0."""
+    module = CacheAttention("hf", mask="first3")
+    sequence = varied_steps()
+    program, records = dynamic(module, sequence[0], True)
+    assert records[0].llm_declined.startswith("custom_sdpa: at position 0 for 4 rows"), \
+        records[0].describe()
+    assert matches(program, module, sequence).ok
+
+
+def test_mask_causal_for_short_steps_wrong_with_one_length_proven(monkeypatch):
+    """The rule above removed (the mask proven for the example's length only): custom_sdpa
+    attends the rows the mask blocks in a step of 4."""
+    monkeypatch.setattr(positions, "length_bounds", lambda length, cache: range(2, 3))
+    module = CacheAttention("hf", mask="first3")
+    sequence = varied_steps()
+    program, records = dynamic(module, sequence[0], True)
+    assert records[0].kernels.startswith("llama::update_cache, llama::custom_sdpa")
+    assert not matches(program, module, sequence).ok
+
+
+def test_arange_of_another_length_is_no_start():
+    """positions arange(M) + P with M not the step's length: not 'rows P .. P + L - 1'."""
+    ep = exported(CacheAttention("hf"), steps(length=3)[0])
+    numbers = positions.ValueNumbers(ep.graph, set())
+    adds = [n for n in ep.graph.nodes if n.target is torch.ops.aten.add.Tensor and
+            n.args[0].target is torch.ops.aten.arange.default]
+    assert adds and all(positions.start_of(n, numbers) is not None for n in adds)
+    arange = adds[0].args[0]
+    arange.args = (2,)                      # arange(2) + P beside a step of 3
+    arange.meta["val"] = torch.empty(2, dtype=torch.int64)
+    assert positions.start_of(adds[0], numbers) is None
 
 
 def test_one_query_head_per_kv_head():
@@ -395,3 +474,21 @@ def test_llm_decode_help_answers_before_torch():
                           timeout=60)
     assert done.stdout.strip().endswith("False"), done.stdout[-300:] + done.stderr[-300:]
     assert "--prefill" in done.stdout
+
+
+def test_mask_evaluated_one_start_at_a_time_where_vmap_cannot():
+    """An op without a batching rule: the starts are evaluated one by one, to the same
+    verdicts; beyond LOOP_BUDGET evaluations the mask is not proven (a cost, not a guess)."""
+    def no_vmap(*args, **kwargs):
+        raise RuntimeError("no batching rule")
+
+    for mask, proven in (("causal", True), ("window", False)):
+        _, _, records = rewritten(CacheAttention("hf", mask=mask), steps()[0], llm=True)
+        assert (records[0].llm_declined is None) == proven
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch, "vmap", no_vmap)
+            _, _, looped = rewritten(CacheAttention("hf", mask=mask), steps()[0], llm=True)
+            assert looped[0].llm_declined == records[0].llm_declined
+            patch.setattr(positions, "LOOP_BUDGET", S - 1)
+            _, _, refused = rewritten(CacheAttention("hf", mask=mask), steps()[0], llm=True)
+            assert "cannot be evaluated in batches" in refused[0].llm_declined

@@ -103,8 +103,8 @@ class _Context:
             return False, "no mask: every cache row is attended"
         if start is None:
             return False, "the positions are not arange(L) + P or a single position"
-        rows = attention.query.meta["val"].shape[2]
-        key = (attention.mask, start, rows)
+        rows = attention.query.meta["val"].shape[2]      # an int, or a dynamic length
+        key = (attention.mask, start, str(rows))
         if key not in self.proofs:
             self.proofs[key] = positions.prove_mask(
                 attention.mask, start, rows, attention.key.shape[2], self.static, self.written,

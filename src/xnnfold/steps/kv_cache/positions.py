@@ -2,12 +2,16 @@
 
 - :func:`start_of` — the update's positions are ``arange(L) + P`` for one integer node ``P``
   (transformers: ``P`` is ``cache_position[0]`` kept in the cache's ``cumulative_length``), or a
-  single position (``L == 1``): the rows written are ``P .. P + L - 1``.
-- :func:`prove_mask` — evaluates the mask's computation, which must depend on ``P`` alone (and
-  on constants), for *every* start ``P`` the update accepts (``0 .. S - L``: eager's
-  ``index_copy_`` raises on any other) and compares it with the causal mask from ``P``: row
-  ``l`` attends exactly the cache rows ``0 .. P + l``. That is a proof by exhaustion, not a
-  pattern: it holds whatever ops build the mask, and fails for a padding or sliding-window mask.
+  single position (``L == 1``): the rows written are ``P .. P + L - 1``. ``L`` may be a dynamic
+  length (a prefill method taking 1 to N tokens): then the same symbol as the step's.
+- :func:`prove_mask` — evaluates the mask's computation, which must depend on ``P`` (and on the
+  step's length ``L``) alone, and on constants, for *every* start ``P`` the update accepts
+  (``0 .. S - L``: eager's ``index_copy_`` raises on any other) and, for a dynamic length, for
+  every ``L`` its bounds allow, and compares it with the causal mask from ``P``: row ``l``
+  attends exactly the cache rows ``0 .. P + l``. That is a proof by exhaustion, not a pattern:
+  it holds whatever ops build the mask, and fails for a padding or sliding-window mask. The
+  starts of one length are evaluated together (``torch.vmap``; one by one where an op of the
+  mask has no batching rule, within :data:`LOOP_BUDGET`).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ CAUSAL = "causal from the cache position"
 _ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 
 
-def _arange_length(node) -> Optional[int]:
-    """L if ``node`` is ``arange(L)`` (start 0, step 1)."""
+def _arange_length(node):
+    """L if ``node`` is ``arange(L)`` (start 0, step 1): an int, or the SymInt of a dynamic
+    length (``end`` a node holding it)."""
     if node.op != "call_function" or node.target not in _ARANGES:
         return None
     args = list(node.args)
@@ -34,9 +39,38 @@ def _arange_length(node) -> Optional[int]:
     else:
         start, end = args[0], args[1]
         step = args[2] if len(args) > 2 else 1
-    if start == 0 and step == 1 and isinstance(end, int):
+    if isinstance(end, torch.fx.Node) and isinstance(end.meta.get("val"), torch.SymInt):
+        end = end.meta["val"]
+    if start == 0 and step == 1 and isinstance(end, (int, torch.SymInt)):
         return end
     return None
+
+
+def same_size(a, b) -> bool:
+    """Whether two sizes are one: equal ints, or SymInts of one expression (never a guard)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
+        return a.node.expr == b.node.expr
+    return False
+
+
+def same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(same_size(x, y) for x, y in zip(a, b))
+
+
+def length_bounds(length, cache: int) -> Optional[range]:
+    """The lengths a step of ``length`` rows may have (1 .. at most ``cache``): ``[length]``,
+    or the range a dynamic length's ShapeEnv allows; None if it has no finite bounds."""
+    if isinstance(length, int):
+        return range(length, length + 1)
+    node = length.node
+    bounds = node.shape_env.bound_sympy(node.expr)
+    try:
+        low, high = int(bounds.lower), int(bounds.upper)
+    except (TypeError, ValueError, OverflowError):    # unbounded (int_oo) or not a number
+        return None
+    return range(max(low, 1), min(high, cache) + 1)
 
 
 # Ops whose value is their first input's when dtype and shape are kept (a copy, a cast to the
@@ -72,7 +106,7 @@ class ValueNumbers:
         if source is not None:
             a, b = val(node), val(source)
             if a is not None and b is not None and a.dtype == b.dtype and \
-                    tuple(a.shape) == tuple(b.shape):
+                    same_shape(a.shape, b.shape):
                 return self.number[source]
         if node.target._schema.is_mutable:
             return node
@@ -107,7 +141,7 @@ def start_of(positions: torch.fx.Node, numbers: ValueNumbers) -> Optional[torch.
             len(positions.args) == 2 and positions.kwargs.get("alpha", 1) == 1:
         for a, b in (positions.args, positions.args[::-1]):
             if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) and \
-                    _arange_length(a) == p.shape[0]:
+                    same_size(_arange_length(a), p.shape[0]):
                 pv = val(b)
                 if pv is not None and pv.numel() == 1 and not pv.dtype.is_floating_point:
                     return numbers(b)
@@ -122,21 +156,28 @@ def same_positions(a: torch.fx.Node, b: torch.fx.Node, numbers: ValueNumbers) ->
     if numbers(a) is numbers(b):
         return True
     pa, pb = start_of(a, numbers), start_of(b, numbers)
-    return pa is not None and pa is pb and val(a).shape[0] == val(b).shape[0] and \
-        val(a).shape[0] != 1
+    length = val(a).shape[0]
+    return pa is not None and pa is pb and same_size(length, val(b).shape[0]) and \
+        not (isinstance(length, int) and length == 1)
+
+
+# Evaluations of the mask one start at a time, at most, where torch.vmap cannot batch them (a
+# few seconds): beyond, the mask is not proven.
+LOOP_BUDGET = 20_000
 
 
 class MaskFunction:
-    """The mask's computation as a function of ``P``: the nodes between them, run on real
-    tensors (constants read from the program). Any node holding ``P``'s value
-    (the same value number) takes it."""
+    """The mask's computation as a function of ``P`` (and of the step's length ``L``, if
+    dynamic): the nodes between them, run on real tensors (constants read from the program).
+    Any node holding ``P``'s value (the same value number) takes it; any node holding the
+    length's symbol takes ``L``."""
 
     def __init__(self, mask: torch.fx.Node, start: torch.fx.Node, static_values: dict,
-                 written: set, numbers: ValueNumbers):
+                 written: set, numbers: ValueNumbers, length=None):
         self.mask, self.start = mask, start
         self.nodes, self.values, self.reason = [], {}, None
         seen, todo = set(), [mask]
-        self.holders = set()
+        self.holders, self.lengths = set(), set()
         while todo:
             node = todo.pop()
             if node in seen:
@@ -144,6 +185,9 @@ class MaskFunction:
             seen.add(node)
             if numbers(node) is start:
                 self.holders.add(node)
+                continue
+            if isinstance(length, torch.SymInt) and same_size(node.meta.get("val"), length):
+                self.lengths.add(node)
                 continue
             if node.op == "placeholder":
                 if node in written or node not in static_values:
@@ -160,41 +204,88 @@ class MaskFunction:
                 return
             todo += node.all_input_nodes
         self.nodes = [n for n in mask.graph.nodes if n in seen and n.op == "call_function"
-                      and n not in self.holders]
+                      and n not in self.holders and n not in self.lengths]
 
-    def __call__(self, start_value: torch.Tensor) -> torch.Tensor:
+    def __call__(self, start_value: torch.Tensor, length: Optional[int] = None) -> torch.Tensor:
         env = dict(self.values)
         for holder in self.holders:
             env[holder] = start_value.reshape(val(holder).shape).to(val(holder).dtype)
+        for holder in self.lengths:
+            env[holder] = length
         for node in self.nodes:
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
             env[node] = node.target(*args, **kwargs)
         return env[self.mask]
 
+    def batched(self, starts: torch.Tensor, length: Optional[int]) -> torch.Tensor:
+        """The mask for each start of ``starts`` ([N] -> [N, *mask]): one vmapped run, or one
+        run per start where an op cannot be batched."""
+        try:
+            return torch.vmap(lambda p: self(p, length))(starts)
+        except Exception:  # noqa: BLE001 - an op without a batching rule: one at a time
+            return torch.stack([self(p, length) for p in starts])
 
-def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows: int, cache: int,
+
+def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
                static_values: dict, written: set, numbers: ValueNumbers) -> tuple:
-    """(True, CAUSAL) if, for every start ``P`` in ``0 .. cache - rows``, the mask equals the
+    """(True, CAUSAL) if, for every start ``P`` in ``0 .. cache - L`` and every length ``L``
+    the step may have (``rows``: an int, or a dynamic length's SymInt), the mask equals the
     causal mask from ``P`` (bool: True where attended; float: 0 there, -inf elsewhere) with
     all leading dims 1; else (False, why)."""
-    if not isinstance(rows, int):
-        return False, "the step's length is dynamic: the mask is proven for static lengths"
-    function = MaskFunction(mask, start, static_values, written, numbers)
+    lengths = length_bounds(rows, cache)
+    if lengths is None or not lengths:
+        return False, f"the step's length {rows} has no bounds within the cache's {cache} rows"
+    function = MaskFunction(mask, start, static_values, written, numbers, rows)
     if function.reason:
         return False, function.reason
     p = val(start)
     columns = torch.arange(cache)
-    with torch.no_grad():
-        for position in range(cache - rows + 1):
-            got = function(torch.tensor(position, dtype=p.dtype))
-            expected = columns[None, :] <= (position + torch.arange(rows))[:, None]
-            if got.dim() > 2 and any(d != 1 for d in got.shape[:-2]):
-                return False, f"the mask has leading dims {tuple(got.shape[:-2])}"
-            got = got.reshape(got.shape[-2:]) if got.dim() >= 2 else got.reshape(1, -1)
-            if got.dtype != torch.bool:
-                expected = torch.where(expected, 0.0, float("-inf")).to(got.dtype)
-            if tuple(got.shape) not in ((rows, cache), (1, cache)) or \
-                    not torch.equal(got.expand(rows, cache), expected):
-                return False, (f"at position {position} the mask is not the causal mask from "
-                               "the cache position (padding, sliding window, or another mask)")
+    evaluations, batches = 0, None
+    try:
+        with torch.no_grad():
+            for length in lengths:
+                starts = torch.arange(cache - length + 1, dtype=p.dtype)
+                given = length if isinstance(rows, torch.SymInt) else None
+                evaluations += len(starts)
+                if evaluations > LOOP_BUDGET and batches is None:
+                    batches = _vmaps(function, starts[:1], given)
+                    if not batches:
+                        return False, (f"the mask cannot be evaluated in batches and has more "
+                                       f"than {LOOP_BUDGET:,} cases to check")
+                why = _not_causal(function.batched(starts, given), starts, length, cache,
+                                  columns)
+                if why:
+                    return False, why
+    except Exception as error:  # noqa: BLE001 - a mask this evaluation cannot run: not proven
+        return False, f"the mask could not be evaluated ({type(error).__name__}: {error})"
     return True, CAUSAL
+
+
+def _vmaps(function: MaskFunction, starts: torch.Tensor, length: int) -> bool:
+    try:
+        torch.vmap(lambda p: function(p, length))(starts)
+        return True
+    except Exception:  # noqa: BLE001 - no batching rule for an op of the mask
+        return False
+
+
+def _not_causal(got: torch.Tensor, starts: torch.Tensor, rows: int, cache: int,
+                columns: torch.Tensor) -> Optional[str]:
+    """Why ``got`` ([N, *mask], the mask at each start) is not the causal mask from each
+    start, or None."""
+    if got.dim() > 3 and any(d != 1 for d in got.shape[1:-2]):
+        return f"the mask has leading dims {tuple(got.shape[1:-2])}"
+    got = got.reshape(len(starts), *got.shape[-2:]) if got.dim() >= 3 else \
+        got.reshape(len(starts), 1, -1)
+    if tuple(got.shape[1:]) not in ((rows, cache), (1, cache)):
+        return f"the mask has shape {tuple(got.shape[1:])}, not [{rows}, {cache}]"
+    expected = columns[None, None, :] <= (starts[:, None] + torch.arange(rows))[:, :, None]
+    if got.dtype != torch.bool:
+        expected = torch.where(expected, 0.0, float("-inf")).to(got.dtype)
+    wrong = (got.expand(len(starts), rows, cache) != expected).flatten(1).any(1)
+    if bool(wrong.any()):
+        position = int(starts[wrong.nonzero()[0, 0]])
+        length = f" for {rows} rows" if rows != 1 else ""
+        return (f"at position {position}{length} the mask is not the causal mask from the "
+                "cache position (padding, sliding window, or another mask)")
+    return None
