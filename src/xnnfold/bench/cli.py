@@ -346,6 +346,8 @@ def _hf_arguments(parser) -> None:
                         "go in as chunks)")
     parser.add_argument("--threads", type=int, help="the runtime's threads for the check and "
                         "the timing (default: its own, one per core)")
+    parser.add_argument("--llm-kernels", action="store_true", help="a causal LM: " +
+                        _LLM_KERNELS_HELP + " (with --compare, xnnfold's default beside it)")
 
 
 def _check_hf(args) -> None:
@@ -373,7 +375,7 @@ def _cmd_hf(args) -> int:
                                 tokens=args.tokens, attention=args.attention, reps=args.reps,
                                 prefer=args.prefer, check=not args.no_check,
                                 cache=not args.no_cache, max_cache=args.max_cache,
-                                max_prefill=args.max_prefill)
+                                max_prefill=args.max_prefill, llm_kernels=args.llm_kernels)
     print(hf.table(exported.rows))
     for note in exported.notes:
         print(note)

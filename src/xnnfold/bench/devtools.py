@@ -39,16 +39,19 @@ def delegation(graph_module: torch.fx.GraphModule) -> dict:
             "not_delegated_by_op": dict(sorted(outside.items(), key=lambda kv: -kv[1]))}
 
 
-def operator_times(pte: bytes, inputs: tuple, runs: int = 5) -> dict:
-    """Milliseconds per run, by portable operator and for XNNPACK delegate calls (median over
-    ``runs`` runs after one warm-up), from an ETDump of the wheel's runtime."""
+def operator_times(pte: bytes, inputs: tuple, runs: int = 5, method: str = "forward") -> dict:
+    """Milliseconds per run of ``method``, by portable operator and for XNNPACK delegate calls
+    (median over ``runs`` runs after one warm-up), from an ETDump of the wheel's runtime."""
     from executorch.devtools import Inspector
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
     buffer = pte                      # the loaded module does not own its buffer
+    from ..llm.runtime import load_llm_kernels
+
+    load_llm_kernels(pte)
     module = _load_for_executorch_from_buffer(buffer, enable_etdump=True)
     for _ in range(runs + 1):
-        module.forward(tuple(inputs))
+        module.run_method(method, tuple(inputs))
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "run.etdp")
         module.write_etdump_result_to_file(path)
