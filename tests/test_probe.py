@@ -140,7 +140,7 @@ def test_asked_once_and_answered_without_lowering(make, folded):
     case = make()
     ep = torch.export.export(case.model, case.inputs)
     probe = _probe(verify=True)
-    result = pipeline.run(ep, probe)
+    result = pipeline.run(ep, probe, verification=probe.verification)
     assert result.fallback is None and len(result.folded) == folded
     assert (probe.fast.exports, probe.fast.lowerings) == (1, 0)
 
@@ -162,7 +162,7 @@ def test_a_declined_group_agrees_with_the_whole_program_probe():
     x = torch.randn(5, K)
     ep = torch.export.export(Bf16Part(), (x, x.bfloat16()))
     probe = _probe(verify=True)
-    result = pipeline.run(ep, probe)
+    result = pipeline.run(ep, probe, verification=probe.verification)
     assert result.fallback is None
     # The bf16 linear is declined by the ops_to_not_decompose filter: it might still be taken
     # as an addmm once decomposed, so the probe program goes through the lowering.

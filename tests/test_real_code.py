@@ -13,7 +13,8 @@ from torch import nn
 
 from xnnfold import analysis, pipeline, rules
 from xnnfold.steps import canonical, fold, runtime_weight
-from xnnfold.rules import DEFAULT_RULES, Rule
+from xnnfold.decision import Decline, Rule
+from xnnfold.rules import DEFAULT_RULES
 
 from conftest import (Fallback, GemmsOutside, Params, StoredMore, UnexpectedFold,
                       assert_all_delegated, check_lowering, expect_fold, tiny_wav2vec2_config)
@@ -212,7 +213,7 @@ def _old_delegated(group, facts):
     """The rule as it was: any member XNNPACK declines takes its whole group down."""
     if all(m.delegated for m in group.to_fold):
         return {}
-    return {m: rules.Decline(Rule.DELEGATED, m.name, "old rule") for m in group.to_fold}
+    return {m: Decline(Rule.DELEGATED, m.name, "old rule") for m in group.to_fold}
 
 
 # --------------------------------------------------------------------------------------------

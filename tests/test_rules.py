@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold.rules import DEFAULT_RULES, Rule
+from xnnfold.decision import Rule
+from xnnfold.rules import DEFAULT_RULES
 
 from conftest import (Fallback, Params, UnexpectedFold, assert_all_delegated, check_lowering,
                       expect, expect_fold)

@@ -33,6 +33,8 @@ import torch.fx
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.tensor import dim_order_from_stride
 
+from .node_meta import tensor_val
+
 # Kernels that write their output contiguously whatever dim order it is declared in.
 _WRITE_CONTIGUOUS = frozenset({exir_ops.edge.aten.nonzero.default})
 _edge = exir_ops.edge.aten
@@ -98,10 +100,10 @@ def _tensors(node: torch.fx.Node) -> list:
     for index, arg in enumerate(node.args):
         if isinstance(arg, torch.fx.Node):
             found.append((names[index] if index < len(names) else f"arg{index}",
-                          _order(arg.meta.get("val"))))
+                          _order(tensor_val(arg))))
     for name, arg in node.kwargs.items():
         if isinstance(arg, torch.fx.Node):
-            found.append((name, _order(arg.meta.get("val"))))
+            found.append((name, _order(tensor_val(arg))))
     value = node.meta.get("val")
     outputs = value if isinstance(value, (list, tuple)) else [value]
     for index, out in enumerate(outputs):
@@ -115,7 +117,7 @@ def conflict_of(node: torch.fx.Node) -> Optional[DimOrderConflict]:
         return None
     name = str(node.target._schema).split("(")[0]
     if node.target in _WRITE_CONTIGUOUS:
-        out = _order(node.meta.get("val"))
+        out = _order(tensor_val(node))
         if out is not None and _kind(out) != "contiguous":
             return DimOrderConflict(node.name, name, (("out", out),), misread=True)
         return None

@@ -22,11 +22,11 @@ from . import pipeline
 from .dim_order import dim_order_conflicts
 from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
-from .steps.fold import copy_program
+from .program_copy import copy_program
 from .rules import DEFAULT_RULES, RuleSet
 from .steps.runtime_weight import open_runtime_weight_path
 from .shape_env import give_own_shape_env, needs_own_shape_env
-from .probe.verified import make_probe
+from .probe.verified import Verification, make_probe
 
 logger = logging.getLogger("xnnfold")
 
@@ -71,23 +71,27 @@ class FoldGemmParams:
         self.attention = attention
         self.llm_kernels = llm_kernels
 
-    def __call__(self, ep: ExportedProgram) -> pipeline.FoldResult:
-        return self.fold_and_probe(ep)[0]
-
-    def fold_and_probe(self, ep: ExportedProgram, hand_over_last: bool = False) -> tuple:
-        """The result, and the probe it asked; with ``hand_over_last``, the probe's last answer
-        about the result's program may be left for the lowering's ``partition()`` to verify
-        (``probe.pending``; see :meth:`xnnfold.probe.verified.VerifiedProbe.settle`)."""
+    def __call__(self, ep: ExportedProgram, verification: Optional[Verification] = None
+                 ) -> pipeline.FoldResult:
+        """``verification``: where the probe's answers are verified, with verification on
+        (default: each within this fold; the drop-in partitioner passes its own, whose
+        ``partition()`` checks the last one: :class:`~xnnfold.probe.verified.Verification`)."""
+        verification = verification if verification is not None else Verification()
+        verification.fold_starts()
         _check_program(ep)
-        probe = make_probe(self.partitioner, self.verify_probe)
-        probe.hand_over_last = hand_over_last
-        # The caller's random generator is theirs: whatever the pass's probes and exports draw
-        # (a first export's lazy set-up, a module built to be probed) is drawn from a fork.
-        with torch.random.fork_rng(devices=[]):
-            result = pipeline.run(ep, probe, self.rules, self.attention, self.llm_kernels)
-        if result.fallback is not None:
-            probe.pending = None   # about a fold that was given up: nothing left to check
-        return result, probe
+        probe = make_probe(self.partitioner, self.verify_probe, verification)
+        result = None
+        try:
+            # The caller's random generator is theirs: whatever the pass's probes and exports
+            # draw (a first export's lazy set-up, a module built to be probed) is drawn from a
+            # fork.
+            with torch.random.fork_rng(devices=[]):
+                result = pipeline.run(ep, probe, self.rules, self.attention, verification,
+                                      self.llm_kernels)
+        finally:
+            if result is None or result.fallback is not None:
+                verification.fold_failed()   # nothing left to check of a fold given up
+        return result
 
 
 def fold_gemm_params(ep: ExportedProgram,
@@ -207,22 +211,27 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
                                    llm_kernels)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
-        self._pending = None       # verification handed over to partition() (PendingCheck)
+        # the probe's answers, the last of a fold checked by partition() (verification on)
+        self.verification = Verification(partition_follows=True)
         # what the last partition() left outside delegates that the runtime will refuse
         self.dim_order_conflicts: list = []     # xnnfold.dim_order.DimOrderConflict
-        self._folded_since_partition = 0
+
+    def __copy__(self):
+        # A copy partitions programs of its own (the whole-program probe's copy, in
+        # xnnfold.probe.whole, partitions each program it is asked about, in the middle of a
+        # fold): it must not settle this partitioner's verification.
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        copied.verification = Verification(partition_follows=True)
+        return copied
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram
                                         ) -> ExportedProgram:
         # With verification on, the fold's last answer is checked by the partition() of this
         # lowering rather than by a second decomposition. Several programs folded before any
         # partition() (a multi-method lowering) are checked at once, by the whole program.
-        self._check_pending_now()
-        self._folded_since_partition += 1
-        self.last_result, probe = self.fold.fold_and_probe(
-            exported_program, hand_over_last=self._folded_since_partition == 1)
+        self.last_result = self.fold(exported_program, self.verification)
         self._last_source = weakref.ref(exported_program)
-        self._pending = probe.pending
         return _for_lowering(exported_program, self.last_result.program)
 
     def partition(self, exported_program: ExportedProgram):
@@ -230,17 +239,8 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
         _fix_passthrough(result)
         if self.checks_dim_orders:
             self.dim_order_conflicts = _check_dim_orders(result)
-        self._folded_since_partition = 0
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            marked = {row.gemm for row in self.last_result.operands if row.runtime_weight}
-            pending.against(result.tagged_exported_program, marked)
+        self.verification.partitioned(result.tagged_exported_program, self.last_result)
         return result
-
-    def _check_pending_now(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.now()
 
     def result_for(self, exported_program: ExportedProgram) -> Optional[pipeline.FoldResult]:
         """``last_result`` if it was folded from ``exported_program`` (the same object)."""

@@ -28,6 +28,8 @@ import torch
 import torch.fx
 from executorch.exir.dialects._ops import ops as exir_ops
 
+from .node_meta import tensor_val
+
 logger = logging.getLogger("xnnfold")
 
 TAG = "delegation_tag"
@@ -42,11 +44,6 @@ _NHWC_OPS = frozenset({exir_ops.edge.aten.convolution.default,
                        exir_ops.edge.aten.mean.dim, exir_ops.edge.aten.max_pool2d.default,
                        exir_ops.edge.aten.amax.default, exir_ops.edge.aten.max.dim,
                        exir_ops.edge.aten.avg_pool2d.default, exir_ops.edge.aten.prelu.default})
-
-
-def _val(node) -> Optional[torch.Tensor]:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _channels_last(val: Optional[torch.Tensor]) -> bool:
@@ -90,7 +87,7 @@ class _Partition:
                 source[node], nhwc[node] = (node, []), node.target in _NHWC_OPS
                 continue
             base, dropped = read(arg)
-            base_nhwc = nhwc[base] if base in nhwc else _channels_last(_val(base))
+            base_nhwc = nhwc[base] if base in nhwc else _channels_last(tensor_val(base))
             if node.target in CLONES and _same_layout(node, arg):
                 # XNNPACKRemoveCloneOpsTransform keeps a clone from a delegate input to an output
                 kept = not self.inside(base) and any(not self.inside(u) for u in node.users)
@@ -98,7 +95,7 @@ class _Partition:
                     source[node], nhwc[node] = (base, dropped + [node]), base_nhwc
                     continue
             elif node.target in LAYOUT_COPIES and _same_dtype(node, arg):
-                mine = _channels_last(_val(node))
+                mine = _channels_last(tensor_val(node))
                 if mine == base_nhwc:   # into the format its input already has
                     source[node], nhwc[node] = (base, dropped + [node]), mine
                     continue
@@ -110,9 +107,9 @@ class _Partition:
                     continue
             source[node] = (node, [])
             nhwc[node] = node.target in _NHWC_OPS or (
-                _channels_last(_val(node)) if node.target in LAYOUT_COPIES else
+                _channels_last(tensor_val(node)) if node.target in LAYOUT_COPIES else
                 bool(node.all_input_nodes) and all(
-                    nhwc.get(a, _channels_last(_val(a))) for a in node.all_input_nodes))
+                    nhwc.get(a, _channels_last(tensor_val(a))) for a in node.all_input_nodes))
         return source
 
     def next_untag(self, moved: frozenset) -> Optional[torch.fx.Node]:
@@ -140,7 +137,7 @@ class _Partition:
         for node in self.nodes:
             for arg in node.all_input_nodes:
                 if arg in moved and not self.inside(arg) and \
-                        not _default_dim_order(_val(arg)):
+                        not _default_dim_order(tensor_val(arg)):
                     if all(not self.inside(a) for a in node.all_input_nodes) or \
                             all(not self.inside(u) for u in node.users):
                         return node
@@ -153,12 +150,12 @@ class _CannotFix(Exception):
 
 
 def _same_layout(node, arg) -> bool:
-    a, b = _val(node), _val(arg)
+    a, b = tensor_val(node), tensor_val(arg)
     return a is None or b is None or tuple(a.dim_order()) == tuple(b.dim_order())
 
 
 def _same_dtype(node, arg) -> bool:
-    a, b = _val(node), _val(arg)
+    a, b = tensor_val(node), tensor_val(arg)
     return a is not None and b is not None and a.dtype == b.dtype
 
 

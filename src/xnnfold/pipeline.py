@@ -27,12 +27,15 @@ from .steps.mask_index import rewrite_mask_indexing
 from .steps.runtime_weight import mark_runtime_weights
 from .errors import FoldError, StrictFallback, warn_or_raise
 from .steps.fold.evaluate import ConeEvaluator
-from .steps.fold import apply_folds, copy_program, copy_with_nodes
+from .steps.fold import apply_folds
+from .program_copy import copy_program, copy_with_nodes
 from .steps.projections import find_packed_projections, split_packed_projections
 from .validity import StepChecks
+from .probe.verified import Verification
 # FoldResult and GemmOperand are part of this module's interface (pipeline.FoldResult)
 from .result import FoldResult, GemmOperand, describe, row_of  # noqa: F401
-from .rules import DEFAULT_RULES, Decline, Rule, RuleSet
+from .decision import Decline, Found, Rule
+from .rules import DEFAULT_RULES, RuleSet
 
 logger = logging.getLogger("xnnfold")
 
@@ -108,7 +111,7 @@ def _fold_and_probe(facts: ProgramFacts, probe: Optional[Probe], rule_set: RuleS
     copy of ``facts.ep``; values are evaluated once, for all rounds."""
     program = facts.ep
     operands = find_operands(program, facts)
-    targets = [op.target for op in operands if op.status == "target"]
+    targets = [op.target for op in operands if op.status == Found.TARGET]
     groups = plan.group_fold_nodes(plan.fold_nodes(targets))
     rules.apply(groups, facts, rule_set.before_probe)
     evaluator = ConeEvaluator(facts)
@@ -163,17 +166,18 @@ def check_no_growth(ep: ExportedProgram, result: FoldResult) -> None:
 
 def run(ep: ExportedProgram, probe: Optional[Probe],
         rule_set: RuleSet = DEFAULT_RULES, attention: bool = True,
-        llm_kernels: bool = False) -> FoldResult:
+        verification: Optional[Verification] = None, llm_kernels: bool = False) -> FoldResult:
     """Fold what the rules allow; on any internal failure, warn once and return ``ep``.
     ``attention``: run the KV-cache and attention steps (:mod:`xnnfold.steps.kv_cache`,
     :mod:`xnnfold.steps.attention`); ``llm_kernels``: the KV-cache step may use executorch's
-    LLM kernels."""
+    LLM kernels. ``verification``: the one the probe reports its answers to, told where the
+    fold ends (its last answer is checked then, or left for a lowering's ``partition()``: a
+    disagreement is a failure of the fold)."""
     try:
         result = _split_and_fold(ep, probe, rule_set, attention, llm_kernels)
         check_no_growth(ep, result)
-        settle = getattr(probe, "settle", None)   # a verifying probe's last check
-        if settle is not None:
-            settle(result.program)
+        if verification is not None:
+            verification.fold_done(result.program)
         result.modified = result.program is not ep
         return result
     except StrictFallback:
@@ -193,6 +197,6 @@ def _unfolded_rows(ep: ExportedProgram, where: str, why: str) -> list:
         operands = find_operands(ep)
     except Exception:  # noqa: BLE001 - the warning already names the failure
         return []
-    return [row_of(o) if o.status == "plain" else row_of(o, Decline(Rule.INTERNAL, where, why))
-            for o in operands]
+    return [row_of(o) if o.status == Found.PLAIN else
+            row_of(o, Decline(Rule.INTERNAL, where, why)) for o in operands]
 

@@ -10,7 +10,7 @@ from torch.export import ExportedProgram
 
 from . import rules
 from .analysis.gemms import source_module
-from .rules import Decline, Rule, Status
+from .decision import Decline, Found, Rule, Status
 
 
 @dataclass
@@ -87,9 +87,9 @@ def describe(operands: list, groups: list, constants: dict) -> list:
     members = {t.key: m for g in groups for m in g.members for t in m.targets}
     rows = []
     for op in operands:
-        if op.status == "dynamic":
+        if op.status == Found.DYNAMIC:
             rows.append(row_of(op, rules.static(op.culprit, op.reason)))
-        elif op.status == "target":
+        elif op.status == Found.TARGET:
             member = members[op.target.key]
             rows.append(row_of(op, member.decline, member, constants.get(member.name)))
         else:

@@ -30,12 +30,13 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch._dynamo.source import ConstantSource
 
 from .errors import FoldError
+from .node_meta import tensor_val
 
 
 def shape_env_of(program: ExportedProgram) -> Optional[ShapeEnv]:
     for node in program.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
+        val = tensor_val(node)
+        if val is not None and getattr(val, "fake_mode", None) is not None:
             return val.fake_mode.shape_env
     return None
 
@@ -97,8 +98,8 @@ def give_own_shape_env(program: ExportedProgram) -> None:
     for node in program.graph.nodes:
         if node.op != "placeholder":
             continue
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
+        val = tensor_val(node)
+        if val is None:
             continue
         shape = [new_size(s, node.name) for s in val.shape]
         with mode:

@@ -13,7 +13,7 @@ from executorch.exir.tensor import dim_order_from_stride
 
 from xnnfold import dim_order, partitioner
 from xnnfold.errors import STRICT_ENV, StrictFallback
-from xnnfold.steps.fold import copy_program
+from xnnfold.program_copy import copy_program
 from xnnfold.steps.mask_index import rewrite_mask_indexing
 
 exir_where = exir_ops.edge.aten.where.self

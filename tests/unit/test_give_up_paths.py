@@ -111,7 +111,7 @@ def two_attentions():
 @pytest.mark.parametrize("where", ["why_kept", "rewrite_one"])
 def test_attention_failure_keeps_that_node_only(monkeypatch, caplog, strict, where):
     from xnnfold.steps import attention
-    from xnnfold.steps.fold import copy_program
+    from xnnfold.program_copy import copy_program
 
     set_mode(monkeypatch, strict)
     original = getattr(attention.sdpa, where)

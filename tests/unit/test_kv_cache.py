@@ -11,7 +11,7 @@ from torch import nn
 
 from xnnfold.bench.compare import compare_outputs
 from xnnfold.steps import kv_cache
-from xnnfold.steps.fold import copy_program
+from xnnfold.program_copy import copy_program
 from xnnfold.steps.kv_cache import pattern, positions
 
 E, KV, GROUPS, S, D = 16, 2, 2, 8, 4

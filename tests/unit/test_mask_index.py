@@ -9,7 +9,7 @@ from torch import nn
 from xnnfold import pipeline
 from xnnfold.explain import Explanation, format_explanation
 from xnnfold.steps import mask_index
-from xnnfold.steps.fold import copy_program
+from xnnfold.program_copy import copy_program
 
 from conftest import round_trip
 

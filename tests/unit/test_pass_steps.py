@@ -13,8 +13,10 @@ from torch import nn
 from xnnfold import analysis, pipeline, rules
 from xnnfold.steps import canonical, projections, runtime_weight
 from xnnfold.steps.fold import plan
+from xnnfold.program_copy import copy_program
 from xnnfold.errors import STRICT_ENV, StrictFallback
-from xnnfold.rules import DEFAULT_RULES, Rule, Status
+from xnnfold.decision import Found, Rule, Status
+from xnnfold.rules import DEFAULT_RULES
 
 E = 8
 
@@ -30,7 +32,7 @@ def node(ep, name):
 def groups_of(ep):
     facts = analysis.find_static(ep)
     operands = analysis.find_operands(ep, facts)
-    targets = [o.target for o in operands if o.status == "target"]
+    targets = [o.target for o in operands if o.status == Found.TARGET]
     return facts, plan.group_fold_nodes(plan.fold_nodes(targets))
 
 
@@ -55,8 +57,8 @@ def test_no_op_casts_are_plain_and_real_casts_are_targets():
     # to(same dtype) and type_as decompose to the param itself; a round trip through fp64 is a
     # real computation; detach has a kernel of its own (stock keeps an alias_copy), and reads
     # only the value of type_as(bias, x), whose x counts for its dtype.
-    assert rows == {("linear", "weight"): "plain", ("linear", "bias"): "plain",
-                    ("linear_1", "weight"): "target", ("linear_1", "bias"): "target"}
+    assert rows == {("linear", "weight"): Found.PLAIN, ("linear", "bias"): Found.PLAIN,
+                    ("linear_1", "weight"): Found.TARGET, ("linear_1", "bias"): Found.TARGET}
 
 
 class FromInput(nn.Module):
@@ -71,7 +73,7 @@ class FromInput(nn.Module):
 def test_operand_computed_from_an_input_is_dynamic_and_names_the_input():
     ep = export(FromInput(), torch.randn(2, E), torch.randn(3))
     (operand,) = analysis.find_operands(ep)
-    assert (operand.status, operand.culprit) == ("dynamic", "w")
+    assert (operand.status, operand.culprit) == (Found.DYNAMIC, "w")
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +162,7 @@ def test_canonicalize_rewrites_only_exact_linears_and_keeps_values():
     ep = export(Transposed(), torch.randn(2, E))
     x = torch.randn(2, E)
     before = ep.module()(x)
-    program = pipeline.copy_program(ep)
+    program = copy_program(ep)
     rewrites = canonical.canonicalize(program, analysis.find_static(program).static)
     assert [(r.gemm, r.was) for r in rewrites] == [("matmul", "aten.matmul.default"),
                                                    ("addmm", "aten.addmm.default")]

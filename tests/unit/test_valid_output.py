@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xnnfold import pipeline, validity
+from xnnfold.program_copy import copy_program
 from xnnfold.errors import STRICT_ENV, FoldError, StrictFallback
 from xnnfold.rules import DEFAULT_RULES
 from xnnfold.steps import attention, projections, runtime_weight
@@ -160,7 +161,7 @@ def test_output_specs_follow_the_output_node_and_keep_constants():
             return a @ b, 3
 
     ep = torch.export.export(ConstantToo(), CASES["batched-matmul"][1]())
-    copy = pipeline.copy_program(ep)
+    copy = copy_program(ep)
     before = [spec.arg for spec in ep.graph_signature.output_specs]
     attention.rewrite_attention(copy)
     names = [getattr(s.arg, "name", None) for s in copy.graph_signature.output_specs]

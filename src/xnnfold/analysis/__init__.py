@@ -18,6 +18,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from ..decision import Found
 from .gemms import gemm_spec, op_name, operand_roles
 from .identity import has_symbols, is_identity, removed_by_decomposition
 
@@ -59,7 +60,7 @@ class Operand:
     kind: str
     role: str
     node: torch.fx.Node
-    status: str                # "plain", "target" (to be planned), "dynamic"
+    status: Found              # plain, target (to be planned), dynamic
     culprit: Optional[str] = None
     reason: Optional[str] = None
     target: Optional[FoldTarget] = None
@@ -203,19 +204,19 @@ def _classify(gemm, kind, role, arg, facts) -> Operand:
     if is_dequantize(arg) and arg.args and isinstance(arg.args[0], torch.fx.Node):
         target_node, dq = arg.args[0], arg
     if target_node.op == "placeholder" or target_node.op == "get_attr":
-        status = "plain" if target_node in facts.static or target_node.op == "get_attr" \
-            else "dynamic"
-        culprit, reason = (None, None) if status == "plain" else (
+        status = Found.PLAIN if target_node in facts.static or target_node.op == "get_attr" \
+            else Found.DYNAMIC
+        culprit, reason = (None, None) if status == Found.PLAIN else (
             target_node.name, "is a user input or mutable buffer")
         return Operand(gemm, kind, role, arg, status, culprit, reason)
     removed = removed_by_decomposition(target_node)
     if removed is not None and removed[0].args[0] in facts.static:
-        return Operand(gemm, kind, role, arg, "plain", removed[-1].name,
+        return Operand(gemm, kind, role, arg, Found.PLAIN, removed[-1].name,
                        f"{', '.join(op_name(n.target) for n in removed)} on a param is removed "
                        "by decomposition: stock delegates it as is")
     if target_node not in facts.static:
         culprit, reason = facts.why_not_static.get(target_node,
                                                    (target_node.name, "is not static"))
-        return Operand(gemm, kind, role, arg, "dynamic", culprit, reason)
+        return Operand(gemm, kind, role, arg, Found.DYNAMIC, culprit, reason)
     target = FoldTarget(gemm, role, target_node, cone_of(target_node, facts), dq)
-    return Operand(gemm, kind, role, arg, "target", target=target)
+    return Operand(gemm, kind, role, arg, Found.TARGET, target=target)

@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 import torch.fx
 
+from ..node_meta import tensor_val
+
 
 def has_symbols(value) -> bool:
     if isinstance(value, torch.Tensor):
@@ -51,8 +53,8 @@ def is_identity(node: torch.fx.Node) -> bool:
 
 
 def _meta_like(node: torch.fx.Node, concrete: bool = True) -> Optional[torch.Tensor]:
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
+    val = tensor_val(node)
+    if val is None:
         return None
     if has_symbols(val):
         if concrete:

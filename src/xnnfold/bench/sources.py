@@ -76,18 +76,27 @@ class ModelSource:
 
     def build(self):
         """The :class:`~xnnfold.bench.models.Case` (seeded for a built-in model)."""
-        from . import models
-
         if not self.user:
-            if self.quantize:
-                case = models.build(self.spec)
-                return _quantized(case, self.quantize, self.name)
-            return models.build(self.spec)
+            case = build_named(self.spec)
+            return _quantized(case, self.quantize, self.name) if self.quantize else case
         if FACTORY_SPEC.match(self.spec) and not Path(self.spec).exists():
             case = _from_factory(self.spec, self.cwd)
         else:
             case = _from_pt2(self.spec)
         return _quantized(case, self.quantize, self.name) if self.quantize else case
+
+
+def build_named(name: str):
+    """The built-in or zoo model ``name`` (a zoo model may raise ``zoo.ZooUnavailable``)."""
+    from .models import ALL
+    from .zoo import ZOO
+
+    factory = ALL.get(name) or ZOO.get(name)
+    if factory is None:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join([*ALL, *ZOO])}")
+    case = factory()
+    case.name = name
+    return case
 
 
 def export(case, module=None):

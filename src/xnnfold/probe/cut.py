@@ -27,6 +27,7 @@ from torch.export.graph_signature import InputKind
 
 from ..analysis.identity import removed_by_decomposition
 from ..analysis.gemms import op_name
+from ..node_meta import tensor_val
 
 # The meta key (inside "custom", which export carries over) naming a probe GEMM's context.
 PROBE_GEMM = "xnnfold_probe_gemm"
@@ -135,7 +136,7 @@ def cut_context(gemm: torch.fx.Node, params: dict) -> Context:
             seen.add(source)
             if _is_symbolic_scalar(source):
                 raise ProbeUnsupported(source.name, "a symbolic size read from a placeholder")
-            if not isinstance(source.meta.get("val"), torch.Tensor):
+            if tensor_val(source) is None:
                 raise ProbeUnsupported(source.name, "an input that is not a tensor")
             key = params.get(source.name) if source.op == "placeholder" else None
             context.externals.append(External(source, key is not None or source.op ==

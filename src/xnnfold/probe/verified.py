@@ -4,8 +4,12 @@ when verification is on (``XNNFOLD_VERIFY_PROBE=1`` or ``verify=True``).
 A probe is a callable ``(folded program, [FoldedConstant]) -> set of state keys`` of the folded
 constants XNNPACK would take. With verification, every answer of the fast probe is compared
 with the whole-program probe's, except the last one of a fold that the lowering itself then
-decomposes: that one is compared with what the real ``partition()`` tags (see
-:meth:`VerifiedProbe.settle`), the same pipeline without a second decomposition.
+decomposes: that one is compared with what the real ``partition()`` tags, the same pipeline
+without a second decomposition. Which answer is checked when is :class:`Verification`'s
+business, one object with four callers: the fold starts and fails
+(:class:`~xnnfold.partitioner.FoldGemmParams`), the fold's probe reports each answer
+(:class:`VerifiedProbe`), the pipeline ends the fold (:func:`xnnfold.pipeline.run`), and the
+drop-in partitioner's ``partition()`` settles the answer handed over to it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from torch.export import ExportedProgram
 
 from ..errors import FoldError, warn_or_raise
 from .fast import FastProbe, consumer_gemms
-from ..steps.fold import copy_program
+from ..program_copy import copy_program
 from .whole import delegated_placeholders, tagged_keys
 from .cut import ProbeUnsupported, param_keys
 from ..shape_env import give_own_shape_env, needs_own_shape_env
@@ -75,18 +79,71 @@ class PendingCheck:
                          tagged_keys(tagged_program) & folded)
 
 
+class Verification:
+    """What verification still owes: the fast probe's last answer, until it is compared with the
+    whole program (:class:`PendingCheck`). Each answer is checked when the next one is asked
+    for, or at the end of its fold; with ``partition_follows`` (the drop-in partitioner's, whose
+    lowering decomposes and partitions the folded program anyway), the last answer of a fold
+    about the program it returns is left for that ``partition()`` to check, if it is the first
+    fold since the last ``partition()`` (several programs folded before any, a multi-method
+    lowering, are checked at once, by the whole program)."""
+
+    def __init__(self, partition_follows: bool = False):
+        self._partition_follows = partition_follows
+        self._pending: Optional[PendingCheck] = None
+        self._folds_since_partition = 0
+
+    def fold_starts(self) -> None:
+        """A fold begins: an answer left from the fold before (no ``partition()`` came) is
+        checked now."""
+        self.check_now()
+        self._folds_since_partition += 1
+
+    def answered(self, check: PendingCheck) -> None:
+        """The fold's probe answered (after :meth:`check_now` of the answer before)."""
+        self._pending = check
+
+    def check_now(self) -> None:
+        """Verify the last answer now, with the whole-program probe."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.now()
+
+    def fold_done(self, program: ExportedProgram) -> None:
+        """The fold's result is ``program``: verify the last answer now, unless it is about
+        ``program`` and a ``partition()`` of it follows, which checks it."""
+        hand_over = self._partition_follows and self._folds_since_partition == 1
+        if not (hand_over and self._pending is not None and self._pending.program is program):
+            self.check_now()
+
+    def fold_failed(self) -> None:
+        """The fold was given up: its answers are about a program nobody lowers."""
+        self._pending = None
+
+    def partitioned(self, tagged_program: ExportedProgram, fold) -> None:
+        """The lowering's ``partition()`` tagged ``tagged_program``: check the answer handed
+        over against its tags. ``fold``: the :class:`~xnnfold.result.FoldResult` the lowering
+        lowers (its run-time-weight GEMMs are not what the probe was asked)."""
+        self._folds_since_partition = 0
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            marked = {row.gemm for row in fold.operands if row.runtime_weight}
+            pending.against(tagged_program, marked)
+
+
 class VerifiedProbe:
     """The fast probe (one per fold: it caches by signature); with ``verify``, also the
-    whole-program one, raising :class:`ProbeDisagreement` naming the GEMM on any difference."""
+    whole-program one, raising :class:`ProbeDisagreement` naming the GEMM on any difference.
+    Its answers are verified as ``verification`` says (default: each within the fold)."""
 
-    def __init__(self, partitioner: Partitioner, verify: Optional[bool] = None):
+    def __init__(self, partitioner: Partitioner, verify: Optional[bool] = None,
+                 verification: Optional[Verification] = None):
         self.verify = verify_requested() if verify is None else verify
         self.fast, self.whole = FastProbe(partitioner), whole_program_probe(partitioner)
-        self.pending: Optional[PendingCheck] = None
-        self.hand_over_last = False
+        self.verification = verification if verification is not None else Verification()
 
     def __call__(self, program: ExportedProgram, constants: list) -> set:
-        self.check_pending()
+        self.verification.check_now()
         try:
             answer = self.fast(program, constants)
         except ProbeUnsupported as error:
@@ -103,27 +160,14 @@ class VerifiedProbe:
                           "whole-program probe", where, type(error).__name__, error)
             return self.whole(program, constants)
         if self.verify:
-            self.pending = PendingCheck(program, constants, answer, self.whole)
+            self.verification.answered(PendingCheck(program, constants, answer, self.whole))
         return answer
 
-    def check_pending(self) -> None:
-        """Verify the last answer now, with the whole-program probe."""
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            pending.now()
 
-    def settle(self, program: ExportedProgram) -> None:
-        """At the end of a fold whose result is ``program``: verify the last answer now,
-        unless it is about ``program`` and ``hand_over_last`` is set (a lowering follows, whose
-        ``partition()`` checks it: see :meth:`PendingCheck.against`)."""
-        if not (self.hand_over_last and self.pending is not None
-                and self.pending.program is program):
-            self.check_pending()
-
-
-def make_probe(partitioner: Partitioner, verify: Optional[bool] = None) -> VerifiedProbe:
+def make_probe(partitioner: Partitioner, verify: Optional[bool] = None,
+               verification: Optional[Verification] = None) -> VerifiedProbe:
     """``verify=None`` reads ``XNNFOLD_VERIFY_PROBE``."""
-    return VerifiedProbe(partitioner, verify)
+    return VerifiedProbe(partitioner, verify, verification)
 
 
 def _check_agreement(program, constants, fast: set, whole: set) -> None:

@@ -12,45 +12,15 @@ that is undone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Callable, Optional
 
 import torch
 
 from ..analysis import ProgramFacts
 from ..analysis.gemms import op_name
+from ..decision import Decline, Rule, Status
+from ..node_meta import tensor_val
 from ..steps.fold.plan import Group, freed_nodes
-
-
-class Rule(str, Enum):
-    STATIC = "static"
-    EXACT = "exact"
-    SIZE = "size"
-    WHOLE_GROUP = "whole-group"
-    DELEGATED = "delegated"
-    SPLIT = "split"
-    INTERNAL = "internal"      # an internal failure sent the program back to stock
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Status(str, Enum):
-    PLAIN = "plain"
-    FOLDED = "folded"
-    DECLINED = "declined"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class Decline:
-    """Why a target is not folded: the rule, the node that broke it, and a sentence."""
-
-    rule: Rule
-    node: str
-    reason: str
 
 
 RuleFn = Callable[[Group, ProgramFacts], dict]
@@ -101,8 +71,8 @@ def whole_group(group: Group, facts: ProgramFacts) -> dict:
 
 
 def _nbytes(node) -> int:
-    val = node.meta.get("val")
-    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
+    val = tensor_val(node)
+    return val.numel() * val.element_size() if val is not None else 0
 
 
 @_rule(Rule.SIZE)

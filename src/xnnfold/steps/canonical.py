@@ -21,6 +21,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from ..analysis.gemms import op_name
+from ..node_meta import tensor_val
 
 aten = torch.ops.aten
 
@@ -41,17 +42,12 @@ class CanonicalRewrite:
                 f"linear on {self.weight}")
 
 
-def _val(node) -> Optional[torch.Tensor]:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
-
-
 def untransposed(node) -> Optional[torch.fx.Node]:
     """``W`` if ``node`` is the transpose of a 2-D tensor ``W``, else None."""
     if not isinstance(node, torch.fx.Node) or node.op != "call_function" or \
             node.target not in _TRANSPOSES or not isinstance(node.args[0], torch.fx.Node):
         return None
-    source, val = node.args[0], _val(node.args[0])
+    source, val = node.args[0], tensor_val(node.args[0])
     if val is None or val.dim() != 2:
         return None
     if node.target is aten.transpose.int:
@@ -76,12 +72,12 @@ def linear_args(node: torch.fx.Node) -> Optional[tuple]:
     else:
         return None
     weight = untransposed(transposed)
-    x_val, w_val, out = _val(x), _val(weight), _val(node)
+    x_val, w_val, out = tensor_val(x), tensor_val(weight), tensor_val(node)
     if weight is None or x_val is None or out is None or x_val.dtype != w_val.dtype:
         return None
     if bias is not None:
         # addmm broadcasts its bias over rows; linear's bias is one value per output feature.
-        b_val = _val(bias)
+        b_val = tensor_val(bias)
         if b_val is None or b_val.dim() != 1 or b_val.dtype != w_val.dtype or \
                 not isinstance(b_val.shape[0], int) or b_val.shape[0] != w_val.shape[0]:
             return None

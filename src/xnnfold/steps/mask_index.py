@@ -32,6 +32,7 @@ from torch.export import ExportedProgram
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from ..errors import at_node
+from ..node_meta import tensor_val
 
 aten = torch.ops.aten
 _WHERE = (aten.where.default, aten.nonzero_numpy.default)
@@ -52,11 +53,6 @@ class MaskIndexRewrite:
             f"{self.where} kept: something else reads its indices"
         return (f"mask_index step: {self.node} indexed by the bool mask {self.mask} instead of "
                 f"{self.where}({self.mask}); {gone}")
-
-
-def _val(node) -> Optional[torch.Tensor]:
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _where_of(indices) -> Optional[torch.fx.Node]:
@@ -86,7 +82,7 @@ def _rewritable(node: torch.fx.Node) -> Optional[torch.fx.Node]:
     where = _where_of(node.args[1])
     if where is None:
         return None
-    x, mask = _val(node.args[0]), _val(where.args[0])
+    x, mask = tensor_val(node.args[0]), tensor_val(where.args[0])
     k = len(node.args[1])
     if x is None or mask is None or mask.dtype != torch.bool or mask.dim() != k or \
             x.dim() < k:
@@ -106,7 +102,7 @@ def _dead_chain(where: torch.fx.Node) -> Optional[list]:
         if node.op != "call_function":
             return None
         is_output = node.target is operator.getitem and node.args[0] is where
-        if not is_output and _val(node) is not None:
+        if not is_output and tensor_val(node) is not None:
             return None         # a tensor computed from the indices: they are still needed
         chain.add(node)
         todo += list(node.users)

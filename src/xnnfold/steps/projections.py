@@ -20,19 +20,18 @@ more on portable than stock does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 import torch.fx
 from torch.export import ExportedProgram
 
 from ..analysis import ProgramFacts, cone_of, is_dequantize
+from ..decision import Decline
 from ..errors import at_node
+from ..node_meta import tensor_val
 from ..validity import sync_output_specs
 from ..analysis.gemms import operand
-
-if TYPE_CHECKING:   # rules imports plan (and so this module); annotations only
-    from ..rules import Decline
 
 aten = torch.ops.aten
 
@@ -49,7 +48,7 @@ class PackedProjection:
     chain: list                  # names of the layout nodes, in graph order
     selects: dict                # part index -> name of the select node that takes it
     part_linears: dict = field(default_factory=dict)   # part index -> new linear's name
-    kept_because: Optional[Decline] = None   # xnnfold.rules.Decline, when undone
+    kept_because: Optional[Decline] = None   # rule split's Decline, when undone
     # the nodes named above, in the program the site was found in: linear, chain, selects
     found: tuple = field(default=(), repr=False, compare=False)
 
@@ -73,8 +72,8 @@ def _only_user(node: torch.fx.Node, *targets) -> Optional[torch.fx.Node]:
 
 
 def _rank(node: torch.fx.Node) -> Optional[int]:
-    val = node.meta.get("val")
-    return val.dim() if isinstance(val, torch.Tensor) else None
+    val = tensor_val(node)
+    return val.dim() if val is not None else None
 
 
 def _dim_is(dim, wanted: int, rank: int) -> bool:
@@ -91,8 +90,8 @@ def _static_operand(node: Optional[torch.fx.Node], facts: ProgramFacts) -> bool:
         return True
     if node not in facts.static or _has_dequantize(node, facts):
         return False
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.is_floating_point()
+    val = tensor_val(node)
+    return val is not None and val.is_floating_point()
 
 
 def match(linear: torch.fx.Node, facts: ProgramFacts) -> Optional[PackedProjection]:
@@ -167,8 +166,8 @@ def split_packed_projections(program: ExportedProgram, sites: list, nodes: dict)
     """Rewrite each site in ``program`` in place: one linear per selected part.
 
     ``program`` must be the caller's own copy of the program the sites were found in, and
-    ``nodes`` the map from that program's nodes to ``program``'s (``fold.copy_with_nodes``).
-    Records each new linear's name in its site.
+    ``nodes`` the map from that program's nodes to ``program``'s
+    (``program_copy.copy_with_nodes``). Records each new linear's name in its site.
     """
     graph = program.graph
     for site in sites:

@@ -5,12 +5,11 @@ weights are the values xnnfold folds: what a user would get by rewriting the mod
 is the bar for delegate calls, bytes and latency. Every model is built from a seed, with
 ``in_proj_bias`` drawn at random (it is zero by default, which hides bias bugs).
 The cases live in ``attention`` (MHA, the decoder layer) and ``computed`` (weight_norm, LoRA, a
-tied head); this module holds the report's sets and ``build``.
+tied head); this module holds the report's sets (built by name with
+:func:`xnnfold.bench.sources.build_named`, which also knows the zoo: the models do not).
 """
 
 from __future__ import annotations
-
-from typing import Callable, Optional
 
 # the cases and their ideal rewrites, as ``models.<name>`` (tests and scripts use them so)
 from .attention import IdealDecoderLayer, attention_case, decoder_case  # noqa: F401
@@ -43,14 +42,3 @@ LARGE: dict = {
 
 ALL: dict = {**SMALL, **LARGE}
 
-
-def build(name: str) -> Case:
-    """The built-in or zoo model ``name`` (a zoo model may raise ``zoo.ZooUnavailable``)."""
-    from ..zoo import ZOO
-
-    factory: Optional[Callable[[], Case]] = ALL.get(name) or ZOO.get(name)
-    if factory is None:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join([*ALL, *ZOO])}")
-    case = factory()
-    case.name = name
-    return case

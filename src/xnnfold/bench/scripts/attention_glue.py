@@ -132,11 +132,11 @@ def whisper_part(part: str, rounds: int) -> None:
 def demo(rounds: int) -> None:
     import torch
 
-    from xnnfold.bench import models
+    from xnnfold.bench.sources import build_named
     from xnnfold.bench.measure import STOCK, XNNFOLD, lower
 
     for name in ("cross-attention-512", "decoder-layer-512", "self-attention-512"):
-        case = models.build(name)
+        case = build_named(name)
         ep = torch.export.export(case.model, case.inputs)
         variants = {f"{name} stock": lower(ep, STOCK), f"{name} xnnfold": lower(ep, XNNFOLD),
                     f"{name} ideal": lower(torch.export.export(case.ideal, case.inputs), STOCK)}

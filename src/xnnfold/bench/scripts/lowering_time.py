@@ -78,12 +78,12 @@ def bench_model(name: str, reps: int, compare_probes: bool = True) -> dict:
     )
 
     from xnnfold import pipeline
-    from xnnfold.bench import models
+    from xnnfold.bench.sources import build_named
     from xnnfold.bench.measure import STOCK, XNNFOLD, lower
     from xnnfold.partitioner import fold_gemm_params
     from xnnfold.probe.verified import whole_program_probe
 
-    case = models.build(name)
+    case = build_named(name)
     ep = torch.export.export(case.model, case.inputs, dynamic_shapes=case.dynamic_shapes)
     variants = {"stock": lambda: lower(ep, STOCK), "xnnfold": lambda: lower(ep, XNNFOLD)}
     if case.ideal is not None:    # the tied-head decoder and the zoo have none

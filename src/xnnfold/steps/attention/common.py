@@ -44,11 +44,6 @@ class AttentionRewrite:
         return f"attention step: {what} {self.node} kept as it was: {self.kept_because}"
 
 
-def val(node) -> Optional[torch.Tensor]:
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return value if isinstance(value, torch.Tensor) else None
-
-
 def static_shape(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
 

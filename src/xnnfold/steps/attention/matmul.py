@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 import torch.fx
 
-from .common import MAX_RANK, Emitter, dequantized, reshape_arg, static_shape, val
+from ...node_meta import tensor_val
+from .common import MAX_RANK, Emitter, dequantized, reshape_arg, static_shape
 
 aten = torch.ops.aten
 MATMUL = aten.matmul.default
@@ -29,13 +30,13 @@ def is_batched(node: torch.fx.Node) -> bool:
     """A ``matmul`` whose operands both have batch dims (rank 3 or more)."""
     if node.op != "call_function" or node.target is not MATMUL or len(node.args) != 2:
         return False
-    a, b = (val(x) for x in node.args)
+    a, b = (tensor_val(x) for x in node.args)
     return a is not None and b is not None and a.dim() >= 3 and b.dim() >= 3
 
 
 def why_kept(node: torch.fx.Node) -> Optional[str]:
     """Why this batched ``matmul`` is left as it was, or None if the rewrite applies."""
-    a, b = (val(x) for x in node.args)
+    a, b = (tensor_val(x) for x in node.args)
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         return f"dtype {a.dtype}: XNNPACK's bmm is taken in fp32 only"
     if a.dim() != b.dim() or a.dim() > MAX_RANK or a.shape[:-2] != b.shape[:-2]:
@@ -44,7 +45,7 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
     if not static_shape(a.shape[:-2]):
         return "dynamic batch sizes: XNNPACK takes no reshape to a symbolic shape"
     if any(reshape_arg(shape) is None for shape in (a.shape[-2:], b.shape[-2:],
-                                                     val(node).shape[-2:])):
+                                                     tensor_val(node).shape[-2:])):
         return ("two dynamic dims in one operand or the product: XNNPACK's reshape infers at "
                 "most one")
     if 0 in a.shape or 0 in b.shape:
@@ -58,13 +59,13 @@ def _last_two_transposed(node) -> Optional[torch.fx.Node]:
     """``x`` if ``node`` is ``x.transpose(-2, -1)`` (any spelling of the last two dims)."""
     if node.op != "call_function" or node.target is not aten.transpose.int:
         return None
-    rank = val(node).dim()
+    rank = tensor_val(node).dim()
     dims = sorted(d % rank for d in node.args[1:3])
     return node.args[0] if dims == [rank - 2, rank - 1] else None
 
 
 def _as_3d(emit: Emitter, node: torch.fx.Node, batch: int) -> torch.fx.Node:
-    rows, cols = val(node).shape[-2:]
+    rows, cols = tensor_val(node).shape[-2:]
     source = _last_two_transposed(node)
     if source is not None:
         return emit(aten.transpose.int,
@@ -75,10 +76,10 @@ def _as_3d(emit: Emitter, node: torch.fx.Node, batch: int) -> torch.fx.Node:
 def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
     """Replace ``node`` (a batched matmul :func:`why_kept` accepts) by reshape, bmm, reshape."""
     a, b = node.args
-    lead = list(val(a).shape[:-2])
+    lead = list(tensor_val(a).shape[:-2])
     batch = math.prod(lead)
     product = emit(aten.bmm.default, _as_3d(emit, a, batch), _as_3d(emit, b, batch))
-    out = emit(aten.reshape.default, product, reshape_arg(lead + list(val(node).shape[-2:])))
+    out = emit(aten.reshape.default, product, reshape_arg(lead + list(tensor_val(node).shape[-2:])))
     node.replace_all_uses_with(out)
     emit.graph.erase_node(node)
     return SAME_BATCH

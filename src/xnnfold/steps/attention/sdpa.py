@@ -31,7 +31,8 @@ from typing import Optional
 import torch
 import torch.fx
 
-from .common import MAX_RANK, Emitter, dequantized, reshape_arg, static_shape, val
+from ...node_meta import tensor_val
+from .common import MAX_RANK, Emitter, dequantized, reshape_arg, static_shape
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
@@ -56,7 +57,7 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
     its ops (fp32; one batch shape for q, k and v, static, of rank 1 to 4; every reshape with
     at most one dynamic dim, written -1)."""
     a = sdpa_args(node)
-    q, k, v = (val(a[n]) for n in ("query", "key", "value"))
+    q, k, v = (tensor_val(a[n]) for n in ("query", "key", "value"))
     if q is None or k is None or v is None:
         return "q, k or v has no tensor metadata"
     if a["dropout_p"] != 0.0:
@@ -78,7 +79,7 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
     if mask is not None:
         if a["is_causal"]:
             return "both attn_mask and is_causal"
-        m = val(mask)
+        m = tensor_val(mask)
         if m is None or m.dim() > q.dim() or m.dtype not in (torch.bool, q.dtype):
             return "attn_mask of another dtype than bool or q's, or of a higher rank"
         mask_3d = _mask_3d(q, m)
@@ -105,7 +106,7 @@ def _mask_3d(q: torch.Tensor, m: torch.Tensor) -> Optional[list]:
 def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype) -> tuple:
     """(additive float mask with no fully blocked row, 0/1 keep factor per row), both
     computed on the mask's own size."""
-    if val(mask).dtype == torch.bool:
+    if tensor_val(mask).dtype == torch.bool:
         # The bool mask is read once, by ``where``, as stock's decomposition reads it: a byte
         # other than 0 or 1 (an uninitialized buffer: executorch's llama example materializes
         # its causal mask with ``to_empty``) is True there, as in eager, whereas the runtime's
@@ -132,7 +133,7 @@ def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
     return what was proven about its masked rows."""
     a = sdpa_args(node)
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
-    qv, kv, vv = val(q), val(k), val(v)
+    qv, kv, vv = tensor_val(q), tensor_val(k), tensor_val(v)
     lead, (L, E), S, Ev = list(qv.shape[:-2]), qv.shape[-2:], kv.shape[-2], vv.shape[-1]
     batch = math.prod(lead)
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(E)
@@ -153,13 +154,13 @@ def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
     q3 = reshape(emit(aten.mul.Tensor, q, scale), [batch, L, E])
     k3 = emit(aten.transpose.int, reshape(k, [batch, S, E]), 1, 2)
     scores = emit(aten.bmm.default, q3, k3)                           # [batch, L, S]
-    mask_3d = _mask_3d(qv, val(additive)) if additive is not None else None
+    mask_3d = _mask_3d(qv, tensor_val(additive)) if additive is not None else None
     if additive is not None and mask_3d is None:
         # A mask broadcast over some batch dims only: added to the scores in q's rank.
         scores = emit(aten.add.Tensor, reshape(scores, lead + [L, S]), additive)
         scores = reshape(scores, [batch, L, S])
     elif additive is not None:
-        if val(additive).dim() > 3:       # lower ranks broadcast onto [batch, L, S] as they are
+        if tensor_val(additive).dim() > 3:   # lower ranks broadcast onto [batch, L, S] as they are
             additive = reshape(additive, mask_3d)
         scores = emit(aten.add.Tensor, scores, additive)
     weights = emit(aten.softmax.int, scores, -1)

@@ -7,7 +7,6 @@ not model size.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +20,8 @@ from torch.export.graph_signature import InputKind
 
 from ...analysis import is_metadata_assertion
 from ...errors import FoldError, at_node
+from ...node_meta import tensor_val
+from ...program_copy import copy_with_nodes
 from .evaluate import ConeEvaluator, own_storage
 
 CONSTANT_PREFIX = "_xnnfold_"
@@ -44,34 +45,6 @@ class Folded:
     freed_params: list = field(default_factory=list)  # state_dict / constants keys dropped
 
 
-def copy_with_nodes(ep: ExportedProgram) -> tuple:
-    """A deep copy of ``ep`` whose graph and signature are new but whose tensors are shared, and
-    the map from each node of ``ep`` to its copy (what was decided about a node of ``ep``
-    applies to its copy: nothing is looked up by name)."""
-    memo = {id(t): t for t in list(ep.state_dict.values()) + list(ep.constants.values())}
-    copied = copy.deepcopy(ep, memo)
-    # fx's graph copy records each node's copy in the memo, keyed by the node itself.
-    nodes = {node: memo[node] for node in ep.graph.nodes if node.op != "output"}
-    nodes[ep.graph.output_node()] = copied.graph.output_node()
-    # fx renames a node named after a Python builtin when it copies a graph (``input`` becomes
-    # ``input_1``, the argument name of nn.Linear's and nn.Conv's forward), but the signature
-    # keeps the old name, and the copy no longer knows which placeholder is a user input. Give
-    # the nodes back their names, as torch.export itself assigns them.
-    renamed = False
-    for original, node in nodes.items():
-        if node.name != original.name:
-            node.name = original.name
-            renamed = True
-    if renamed:
-        copied.graph_module.recompile()
-    return copied, nodes
-
-
-def copy_program(ep: ExportedProgram) -> ExportedProgram:
-    """:func:`copy_with_nodes` without the map."""
-    return copy_with_nodes(ep)[0]
-
-
 def _constant_name(source: str, graph: torch.fx.Graph) -> str:
     taken = {n.name for n in graph.nodes}
     name, index = f"{CONSTANT_PREFIX}{source}", 1
@@ -93,8 +66,8 @@ def _insertion_point(ep: ExportedProgram) -> torch.fx.Node:
 
 def _checked_value(node: torch.fx.Node, value) -> torch.Tensor:
     """The evaluated value, in its own storage, after checking it is what the graph expects."""
-    expected = node.meta.get("val")
-    if not isinstance(value, torch.Tensor) or not isinstance(expected, torch.Tensor):
+    expected = tensor_val(node)
+    if not isinstance(value, torch.Tensor) or expected is None:
         raise FoldError(node.name, "evaluated to a non-tensor")
     if tuple(value.shape) != tuple(expected.shape) or value.dtype != expected.dtype:
         raise FoldError(node.name, f"evaluated to {tuple(value.shape)} {value.dtype}, the graph "

@@ -8,14 +8,12 @@ nothing). Which groups are folded is decided by :mod:`xnnfold.rules`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch.fx
 
 from ...analysis import FoldTarget, is_metadata_assertion
-
-if TYPE_CHECKING:   # rules imports plan; only annotations need it here
-    from ...rules import Decline
+from ...decision import Decline
 
 
 @dataclass(eq=False)   # identity: rules key their declines by member
@@ -26,7 +24,7 @@ class FoldNode:
     consumers: list                          # GEMMs, or the dequantize in front of one
     targets: list                            # the FoldTargets (operands) it serves
     cone: list                               # static call_function nodes, graph order
-    decline: Optional[Decline] = None      # xnnfold.rules.Decline
+    decline: Optional[Decline] = None      # set by xnnfold.rules
     delegated: Optional[bool] = None         # set by the probe: does XNNPACK take its GEMM?
 
     @property

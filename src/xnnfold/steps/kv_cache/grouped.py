@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..attention.common import Emitter, reshape_arg, val
+from ..attention.common import Emitter, reshape_arg
+from ...node_meta import tensor_val
 from .pattern import CacheAttention
 
 aten = torch.ops.aten
@@ -46,7 +47,7 @@ class MaskParts:
 
 def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype, proven: bool) -> tuple:
     additive = mask
-    if val(mask).dtype == torch.bool:
+    if tensor_val(mask).dtype == torch.bool:
         # read once by ``where``, as stock's decomposition of SDPA reads a bool mask
         additive = emit(aten.where.self, mask, emit(aten.scalar_tensor.default, 0.0, dtype=dtype),
                         emit(aten.scalar_tensor.default, float("-inf"), dtype=dtype))
@@ -63,7 +64,7 @@ def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven: 
     ``key`` and ``value``: the caches as ``[B * Hkv, S, D]`` (default: the updated caches,
     reshaped)."""
     q = attention.query
-    batch, heads, rows, dim = val(q).shape
+    batch, heads, rows, dim = tensor_val(q).shape
     groups, cache = attention.groups, attention.key.shape[2]
     kv_heads = heads // groups
     bh = batch * kv_heads
@@ -80,7 +81,7 @@ def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven: 
     scores = emit(aten.bmm.default, q3, emit(aten.transpose.int, k3, 1, 2))
     keep, how = None, "no mask"
     if attention.mask is not None:
-        additive, keep = masks.get(emit, attention.mask, val(q).dtype, proven)
+        additive, keep = masks.get(emit, attention.mask, tensor_val(q).dtype, proven)
         scores = _add_mask(emit, reshape, scores, additive, batch, kv_heads, groups, rows, cache)
         how = "mask proven causal: no fully blocked row" if proven else \
             "fully blocked rows handled by a keep factor"
@@ -96,7 +97,7 @@ def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven: 
 def _add_mask(emit, reshape, scores, additive, batch, kv_heads, groups, rows, cache):
     """``scores [B * Hkv, G * L, S]`` plus the mask (leading dims 1, or the batch), broadcast
     over the groups of each KV head."""
-    m = val(additive)
+    m = tensor_val(additive)
     lead = [1] * (4 - m.dim()) + list(m.shape)
     mask_rows = lead[2]
     if lead[0] != 1:        # a per-batch mask: [B, Hkv, G, L, S] + [B, 1, 1, Lm, S]

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..attention.common import Emitter, val
+from ..attention.common import Emitter
+from ...node_meta import tensor_val
 from .pattern import CacheUpdate
 
 aten = torch.ops.aten
@@ -33,7 +34,7 @@ def reshape_buffer(program, update: CacheUpdate, shape: tuple, fake_mode) -> Non
     # metadata, and fakifying the view then fails (requires_grad False != True)
     state[key] = state[key].reshape(shape).clone()
     with fake_mode:
-        update.buffer.meta["val"] = torch.empty(shape, dtype=val(update.buffer).dtype)
+        update.buffer.meta["val"] = torch.empty(shape, dtype=tensor_val(update.buffer).dtype)
 
 
 def restore_buffer(program, update: CacheUpdate, fake_mode) -> None:

@@ -28,7 +28,8 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
 
-from ..attention.common import Emitter, val
+from ..attention.common import Emitter
+from ...node_meta import tensor_val
 from . import layout
 from .pattern import CacheAttention, CacheUpdate
 
@@ -85,7 +86,7 @@ def cache_3d(emit: Emitter, update: CacheUpdate) -> torch.fx.Node:
 
 def custom_sdpa(emit: Emitter, attention: CacheAttention, position: torch.fx.Node) -> None:
     """Replace the SDPA by ``custom_sdpa`` over the re-laid-out buffers."""
-    batch, heads, rows, dim = val(attention.query).shape
+    batch, heads, rows, dim = tensor_val(attention.query).shape
     groups = attention.groups
     bh = batch * heads // groups
     q = emit(aten.reshape.default, attention.query, [bh, groups, -1, dim])   # [B*Hkv, G, L, D]

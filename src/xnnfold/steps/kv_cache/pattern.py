@@ -24,7 +24,8 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from ..attention.common import dequantized, val
+from ..attention.common import dequantized
+from ...node_meta import tensor_val
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
@@ -107,7 +108,7 @@ def _as_update(buffer: torch.fx.Node, writers: list, target: str):
     node = writers[0]
     if node.target not in _UPDATES:
         return None
-    cache = val(buffer)
+    cache = tensor_val(buffer)
     if cache is None or cache.dim() != 4:
         return (f"{node.name}: a {cache.dim() if cache is not None else '?'}-D buffer, not "
                 "[B, Hkv, S, D]")
@@ -127,12 +128,12 @@ def _as_update(buffer: torch.fx.Node, writers: list, target: str):
                 or not isinstance(indices[2], torch.fx.Node):
             return f"{node.name} is not cache[:, :, positions] = rows"
         positions = indices[2]
-    p = val(positions)
+    p = tensor_val(positions)
     if p is None or p.dim() != 1 or p.dtype not in (torch.int64, torch.int32):
         return f"{node.name}: positions are not a 1-D integer tensor"
     b, hkv, _, d = cache.shape
-    if _unpadded(val(rows).shape) != _unpadded([b, hkv, p.shape[0], d]):
-        return (f"{node.name}: rows {tuple(val(rows).shape)} broadcast to "
+    if _unpadded(tensor_val(rows).shape) != _unpadded([b, hkv, p.shape[0], d]):
+        return (f"{node.name}: rows {tuple(tensor_val(rows).shape)} broadcast to "
                 f"[{b}, {hkv}, L, {d}]")
     return CacheUpdate(node, buffer, target, positions, rows, tuple(cache.shape))
 
@@ -152,7 +153,7 @@ def _through_reshape(node):
 def ungroup(node: torch.fx.Node, heads: int) -> Optional[tuple]:
     """(the tensor ``node`` repeats per group, groups, the repeating nodes) if ``node`` is a
     ``[B, Hkv, S, D]`` tensor repeated to ``heads`` heads (GQA), or itself with groups 1."""
-    out = val(node)
+    out = tensor_val(node)
     if out is None or out.dim() != 4:
         return None
     if node.op == "call_function" and node.target is aten.repeat_interleave.self_int:
@@ -172,9 +173,9 @@ def ungroup(node: torch.fx.Node, heads: int) -> Optional[tuple]:
         if unsqueezed.op == "call_function" and unsqueezed.target is aten.unsqueeze.default \
                 and unsqueezed.args[1] % 5 == 2:
             source = unsqueezed.args[0]
-            b, hkv, s, d = val(source).shape
-            groups = val(inner).shape[2]
-            if list(val(inner).shape) == [b, hkv, groups, s, d] and \
+            b, hkv, s, d = tensor_val(source).shape
+            groups = tensor_val(inner).shape[2]
+            if list(tensor_val(inner).shape) == [b, hkv, groups, s, d] and \
                     list(out.shape) == [b, hkv * groups, s, d]:
                 return source, groups, chain + [inner, unsqueezed]
         return None
@@ -185,15 +186,16 @@ def match_attention(node: torch.fx.Node, updates: dict):
     """A CacheAttention if ``node`` (an SDPA) reads two updated caches; a string if it does but
     the step cannot take it (the reason); None if it does not read a cache at all."""
     a = sdpa_args(node)
-    q, k, v = (val(a[n]) for n in ("query", "key", "value"))
+    q, k, v = (tensor_val(a[n]) for n in ("query", "key", "value"))
     if q is None or k is None or v is None:
         return None
     heads = q.shape[1] if q.dim() == 4 else None
     found = []
     for name in ("key", "value"):
         if a["enable_gqa"]:
-            source, groups, chain = a[name], (heads // val(a[name]).shape[1]
-                                              if heads and val(a[name]).dim() == 4 else 0), []
+            given = tensor_val(a[name])
+            source, groups, chain = a[name], (heads // given.shape[1]
+                                              if heads and given.dim() == 4 else 0), []
         else:
             ungrouped = ungroup(a[name], heads) if heads is not None else None
             if ungrouped is None:
@@ -233,7 +235,7 @@ def _why_not(node, a, q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int
         return f"dropout_p={a['dropout_p']}"
     if a["is_causal"]:
         return "is_causal=True over a cache (top-left aligned): not a decode attention"
-    if q.dtype != torch.float32 or any(val(u.buffer).dtype != torch.float32
+    if q.dtype != torch.float32 or any(tensor_val(u.buffer).dtype != torch.float32
                                       for u in (key, value)):
         return f"dtype {q.dtype}: the rewrite is for fp32 caches"
     if q.dim() != 4:
@@ -253,7 +255,7 @@ def _why_not(node, a, q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int
         return f"query {tuple(q.shape)} does not match the key cache {key.shape}"
     mask = a["attn_mask"]
     if mask is not None:
-        m = val(mask)
+        m = tensor_val(mask)
         if m is None or m.dtype not in (torch.bool, q.dtype) or m.dim() > 4:
             return "a mask of another dtype than bool or the query's, or of rank above 4"
         lead = [1] * (4 - m.dim()) + list(m.shape)

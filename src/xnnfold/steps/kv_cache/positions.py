@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from ..attention.common import val
+from ...node_meta import tensor_val
 
 aten = torch.ops.aten
 CAUSAL = "causal from the cache position"
@@ -104,7 +104,7 @@ class ValueNumbers:
         elif node.target in _SAME_VALUE and isinstance(node.args[0], torch.fx.Node):
             source = node.args[0]
         if source is not None:
-            a, b = val(node), val(source)
+            a, b = tensor_val(node), tensor_val(source)
             if a is not None and b is not None and a.dtype == b.dtype and \
                     same_shape(a.shape, b.shape):
                 return self.number[source]
@@ -134,7 +134,7 @@ def _key(value, number):
 def start_of(positions: torch.fx.Node, numbers: ValueNumbers) -> Optional[torch.fx.Node]:
     """``P`` (its value number) if ``positions`` is ``arange(L) + P`` (``P`` a 0-D or
     one-element integer tensor), or ``positions`` itself if it holds one position; else None."""
-    p = val(positions)
+    p = tensor_val(positions)
     if p is None:
         return None
     if positions.op == "call_function" and positions.target is aten.add.Tensor and \
@@ -142,7 +142,7 @@ def start_of(positions: torch.fx.Node, numbers: ValueNumbers) -> Optional[torch.
         for a, b in (positions.args, positions.args[::-1]):
             if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) and \
                     same_size(_arange_length(a), p.shape[0]):
-                pv = val(b)
+                pv = tensor_val(b)
                 if pv is not None and pv.numel() == 1 and not pv.dtype.is_floating_point:
                     return numbers(b)
     if isinstance(p.shape[0], int) and p.shape[0] == 1:
@@ -156,8 +156,8 @@ def same_positions(a: torch.fx.Node, b: torch.fx.Node, numbers: ValueNumbers) ->
     if numbers(a) is numbers(b):
         return True
     pa, pb = start_of(a, numbers), start_of(b, numbers)
-    length = val(a).shape[0]
-    return pa is not None and pa is pb and same_size(length, val(b).shape[0]) and \
+    length = tensor_val(a).shape[0]
+    return pa is not None and pa is pb and same_size(length, tensor_val(b).shape[0]) and \
         not (isinstance(length, int) and length == 1)
 
 
@@ -209,7 +209,7 @@ class MaskFunction:
     def __call__(self, start_value: torch.Tensor, length: Optional[int] = None) -> torch.Tensor:
         env = dict(self.values)
         for holder in self.holders:
-            env[holder] = start_value.reshape(val(holder).shape).to(val(holder).dtype)
+            env[holder] = start_value.reshape(tensor_val(holder).shape).to(tensor_val(holder).dtype)
         for holder in self.lengths:
             env[holder] = length
         for node in self.nodes:
@@ -238,7 +238,7 @@ def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
     function = MaskFunction(mask, start, static_values, written, numbers, rows)
     if function.reason:
         return False, function.reason
-    p = val(start)
+    p = tensor_val(start)
     columns = torch.arange(cache)
     evaluations, batches = 0, None
     try:

@@ -23,7 +23,8 @@ import torch.fx
 
 from ...analysis import is_dequantize, is_metadata_assertion
 from ...analysis.identity import removed_by_decomposition
-from ...rules import Rule, Status
+from ...decision import Rule, Status
+from ...node_meta import tensor_val
 from ...validity import sync_output_specs
 from .config import MARK, is_marked, open_runtime_weight_path  # noqa: F401 - the step's API
 
@@ -66,9 +67,8 @@ def _declined_quantized(gemm: torch.fx.Node, rows: list, user_inputs: frozenset)
     activation). Decomposed, it is an fp32 ``addmm`` of the dequantized weight, which the
     run-time weight path takes. (Marking one XNNPACK does take as quantized changes nothing:
     the path opens only for GEMMs the partitioner sees as fp32.)"""
-    weight, out = gemm.args[1], gemm.meta.get("val")
-    if not (is_dequantize(weight) and isinstance(out, torch.Tensor) and
-            out.dtype == torch.float32):
+    weight, out = gemm.args[1], tensor_val(gemm)
+    if not (is_dequantize(weight) and out is not None and out.dtype == torch.float32):
         return False
     return any(r.delegated is False for r in rows) or \
         not _reads_user_input(gemm.args[0], user_inputs)
@@ -103,14 +103,13 @@ def _tied(weight: torch.fx.Node) -> Optional[tuple]:
 
 def _fp32(node) -> bool:
     """An fp32 tensor that is not a dequantize's output (quantized GEMMs keep their path)."""
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32 and \
-        not is_dequantize(node)
+    val = tensor_val(node)
+    return val is not None and val.dtype == torch.float32 and not is_dequantize(node)
 
 
 def _static_shape(node) -> Optional[tuple]:
-    val = node.meta.get("val")
-    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+    val = tensor_val(node)
+    shape = tuple(val.shape) if val is not None else None
     return shape if shape is not None and all(isinstance(s, int) for s in shape) else None
 
 
@@ -209,8 +208,8 @@ def _stock_copies(gemm: torch.fx.Node, rows: list, rewritten: set) -> Optional[i
     if gemm.name in rewritten or any(r.status == Status.DECLINED for r in rows):
         return None
     tied = _tied(gemm.args[1])
-    val = tied[0].meta.get("val") if tied is not None else None
-    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else None
+    val = tensor_val(tied[0]) if tied is not None else None
+    return val.numel() * val.element_size() if val is not None else None
 
 
 def _note_trade(rows: list, table_bytes: int, marked: bool) -> None:
