@@ -220,7 +220,8 @@ def _calls(pte) -> dict:
 
 def test_each_method_runs_on_the_kernels_asked_for(generation):
     """Default: XNNPACK and portable only, the cache repeated nowhere (at most one
-    expand_copy, the mask's, once per method: repeat_kv makes two per layer); llm_kernels:
+    expand_copy, the mask's, once per method: repeat_kv makes two per layer) and updated in
+    place (index_put_, no copy_ back); llm_kernels:
     both methods update the cache in place and attend with custom_sdpa, as executorch's flow."""
     name, pte, _, _ = generation
     calls = _calls(pte)
@@ -233,6 +234,11 @@ def test_each_method_runs_on_the_kernels_asked_for(generation):
             assert "aten::index_put" not in ops, (method, ops)
         else:
             assert not any(op.startswith("llama::") for op in ops), (method, ops)
+            # the cache's rows written in place (run_reinplace_pass), no copy of it back: the
+            # copy_ left write each layer's one-element cumulative_length (transformers'
+            # StaticCache); the cache's copy would make them 6
+            assert ops["aten::index_put_"] == 4 and "aten::index_put" not in ops, ops
+            assert ops["aten::copy_"] == 2, (method, ops)
 
 
 def test_greedy_tokens_equal_eager_transformers(generation):
