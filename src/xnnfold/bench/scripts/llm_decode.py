@@ -56,7 +56,7 @@ def build_parser():
                       "(logits_to_keep=1), as executorch's flow does (for --prefill)")
     args.add_argument("--quant", choices=["none", "int8", "8da4w"], default="none",
                       help="int8: XNNPACK's PT2E quantizer, dynamic per channel; 8da4w: "
-                      "torchao's 8-bit activation / 4-bit weight linear (group 32)")
+                      "torchao's 8-bit activation / 4-bit weight linear (groups of 128)")
     args.add_argument("--no-etdump", action="store_true", help="skip the portable share")
     return args
 
