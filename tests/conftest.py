@@ -24,8 +24,8 @@ from xnnfold import XnnpackPartitioner
 from xnnfold.errors import STRICT_ENV, StrictFallback
 from xnnfold.probe.verified import VERIFY_ENV
 from xnnfold.steps import runtime_weight
-from xnnfold.bench.measure import STOCK, XNNFOLD, Comparison, Lowered, compare_outputs, lower, \
-    run_pte
+from xnnfold.bench.measure import STOCK, XNNFOLD, Comparison, Lowered, PteRunner, \
+    compare_outputs, lower, run_pte
 
 torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
 # Every fold of the suite runs the fast probe and the whole-program probe and fails on any
@@ -251,7 +251,8 @@ def check_lowering(model, inputs, *, ep=None, dynamic_shapes=None,
     comparisons to the caller (the property test states its own). ``rules``: the
     xnnfold.rules.RuleSet xnnfold lowers with (tests of a rule pass one without it).
     Where stock cannot lower the program, see :func:`check_where_stock_fails_to_lower`; where
-    xnnfold may leave it as it is, :func:`check_lowering_if_modified`.
+    xnnfold may leave it as it is, :func:`check_lowering_if_modified`; a stateful program run
+    over steps, :func:`check_steps`.
     """
     subject = Subject.of(model, inputs, ep=ep, dynamic_shapes=dynamic_shapes,
                          run_inputs=run_inputs, tol=tol, rtol=rtol,
@@ -287,6 +288,33 @@ def check_lowering_if_modified(model, inputs, *, dynamic_shapes=None,
         return _check_xnnfold_alone(subject, folded)
     return _check_against_stock(subject, folded, lower(subject.ep, STOCK, partitioner_kwargs),
                                 None, StockPte.RUNS, compare_counts)
+
+
+def check_steps(program, steps: list, reference, *, tol: Optional[float] = None,
+                partitioner_kwargs: Optional[dict] = None, compare_counts: bool = True) -> Checked:
+    """:func:`check_lowering` of a stateful ``program`` (a KV cache): the input tuples
+    ``steps`` run *in order* on one loaded program per lowering, against ``reference`` called
+    in the same order once."""
+    subject = Subject(None, program, steps[0], [], Tolerance(tol),
+                      dict(partitioner_kwargs or {}), partitioner_kwargs, reference)
+    with torch.no_grad():
+        expected = [reference(*args) for args in steps]
+    # stock first, as users compare: xnnfold must lower a program stock has lowered before
+    stock = lower(program, STOCK, partitioner_kwargs)
+    folded = _lower_xnnfold(subject)
+    verdicts = []
+    for lowered in (stock, folded):
+        runner = PteRunner(lowered.pte)
+        verdict = Comparison(True)
+        for args, want in zip(steps, expected):
+            verdict = verdict.worst(subject.tolerance.compare(runner.run(args), want))
+        verdicts.append(verdict)
+    _expect_matches(verdicts[1], "xnnfold")
+    _expect_users_path(subject, folded)
+    _expect_stores_no_more(folded, stock)
+    if compare_counts:
+        _expect_no_worse_than_stock(folded, stock, None)
+    return Checked(stock, folded, verdicts[0].max_abs_diff, verdicts[1].max_abs_diff)
 
 
 def _check_against_stock(subject: Subject, folded: Lowered, stock: Lowered, ideal,
@@ -325,7 +353,8 @@ def _expect_stores_no_more(folded: Lowered, stock: Lowered) -> None:
     """The naive fold's failure: tensors stored twice. Exact, whatever the format's overhead,
     but for the one-float scale each rewritten attention's delegate stores (stock keeps it in a
     mul.Scalar on portable)."""
-    scales = ATTENTION_SCALE_BYTES * sum(a.rewritten for a in folded.fold.attention)
+    scales = ATTENTION_SCALE_BYTES * (sum(a.rewritten for a in folded.fold.attention) +
+                                      sum(c.rewritten for c in folded.fold.kv_cache))
     expect(folded.constant_bytes <= stock.constant_bytes + scales, StoredMore,
            f"xnnfold stores {folded.constant_bytes:,} constant bytes, stock "
            f"{stock.constant_bytes:,} (+{scales} for attention scales)")
@@ -371,7 +400,8 @@ def fold_record(result) -> tuple:
     """What a fold decided, comparable between two runs of it."""
     return ([(o.gemm, o.role, o.status, o.rule, o.delegated, o.runtime_weight)
              for o in result.operands],
-            sorted((c.name, tuple(c.shape), c.dtype, tuple(c.consumers)) for c in result.constants))
+            sorted((c.name, tuple(c.shape), c.dtype, tuple(c.consumers)) for c in result.constants),
+            [(c.node, c.kernels, c.kept_because) for c in result.kv_cache])
 
 
 def _expect_users_path(subject: Subject, folded: Lowered) -> None:

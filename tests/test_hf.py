@@ -166,20 +166,25 @@ ARCHITECTURES = {
     "phi3": lambda tf: tf.Phi3ForCausalLM(tf.Phi3Config(                   # fused qkv and
         pad_token_id=0, **_LM)),                                            # gate/up
 }
+# llama's weights again, its .pte written with llm_kernels=True: the cache updated in place
+# by llama::update_cache, attended by llama::custom_sdpa, in both methods
+LLM_KERNELS = "llama-llm-kernels"
 CACHE, PREFILL, PROMPT, NEW = 56, 16, 20, 32      # the prompt goes in as two prefill chunks
 
 
-@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+@pytest.fixture(scope="module", params=[*ARCHITECTURES, LLM_KERNELS])
 def generation(request, tf, tmp_path_factory):
     """A causal LM saved, through ``hf`` (its check included; llama also beside stock,
     timed), and the same weights loaded back for eager."""
     name = request.param
-    seed_everything(f"generation-{name}")
-    folder = _saved(tmp_path_factory.mktemp(name), ARCHITECTURES[name](tf))
+    architecture = "llama" if name == LLM_KERNELS else name
+    seed_everything(f"generation-{architecture}")
+    folder = _saved(tmp_path_factory.mktemp(name), ARCHITECTURES[architecture](tf))
     pte = folder / "generate.pte"
     plan = hf.plan(str(folder), 8, True, CACHE, PREFILL)
     exported = hf.export_folder(plan, str(pte), compare=name == "llama", reps=2,
-                                max_cache=CACHE, max_prefill=PREFILL)
+                                max_cache=CACHE, max_prefill=PREFILL,
+                                llm_kernels=name == LLM_KERNELS)
     eager = tf.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
     eager.generation_config.eos_token_id = None          # 32 tokens, as the .pte's run
     return name, pte, exported, eager
@@ -190,12 +195,50 @@ def test_hf_writes_one_checked_pte_with_prefill_and_decode(generation):
 
     name, pte, exported, _ = generation
     assert exported.wrong == []
-    mine = {r["part"]: r for r in exported.rows if r["variant"] == "xnnfold"}
+    mine = {r["part"]: r for r in exported.rows if r["written"]}
     assert set(mine) == {"prefill", "decode"}
     for row in mine.values():
         assert row["outputs"].startswith("max abs diff") and row["gemms_outside"] == 0, row
     methods = Runtime.get().load_program(pte.read_bytes()).method_names
     assert {"prefill", "decode", "get_max_context_len", "get_max_seq_len"} <= set(methods)
+
+
+def _calls(pte) -> dict:
+    """{method: {operator: how many kernel calls of it the plan makes outside delegates}},
+    read from the .pte itself."""
+    from collections import Counter
+
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import KernelCall
+
+    program = deserialize_pte_binary(pte.read_bytes()).program
+    return {plan.name: Counter(plan.operators[i.instr_args.op_index].name
+                               for chain in plan.chains for i in chain.instructions
+                               if isinstance(i.instr_args, KernelCall))
+            for plan in program.execution_plan}
+
+
+def test_each_method_runs_on_the_kernels_asked_for(generation):
+    """Default: XNNPACK and portable only, the cache repeated nowhere (at most one
+    expand_copy, the mask's, once per method: repeat_kv makes two per layer) and updated in
+    place (index_put_, no copy_ back); llm_kernels:
+    both methods update the cache in place and attend with custom_sdpa, as executorch's flow."""
+    name, pte, _, _ = generation
+    calls = _calls(pte)
+    for method in ("prefill", "decode"):
+        ops = calls[method]
+        assert ops["aten::expand_copy"] <= 1, (method, ops)            # GQA's repeat_kv
+        if name == LLM_KERNELS:
+            # two layers: a key and a value update each, one attention each
+            assert (ops["llama::update_cache"], ops["llama::custom_sdpa"]) == (4, 2), ops
+            assert "aten::index_put" not in ops, (method, ops)
+        else:
+            assert not any(op.startswith("llama::") for op in ops), (method, ops)
+            # the cache's rows written in place (run_reinplace_pass), no copy of it back: the
+            # copy_ left write each layer's one-element cumulative_length (transformers'
+            # StaticCache); the cache's copy would make them 6
+            assert ops["aten::index_put_"] == 4 and "aten::index_put" not in ops, ops
+            assert ops["aten::copy_"] == 2, (method, ops)
 
 
 def test_greedy_tokens_equal_eager_transformers(generation):

@@ -17,11 +17,13 @@ class Explanation(list):
     :class:`~xnnfold.steps.projections.PackedProjection`, split or kept), ``canonical`` (each a
     :class:`~xnnfold.steps.canonical.CanonicalRewrite`), ``attention`` (each an
     :class:`~xnnfold.steps.attention.AttentionRewrite`, rewritten or kept), ``mask_index``
-    (each a :class:`~xnnfold.steps.mask_index.MaskIndexRewrite`) and ``fallback``."""
+    (each a :class:`~xnnfold.steps.mask_index.MaskIndexRewrite`), ``kv_cache`` (each a
+    :class:`~xnnfold.steps.kv_cache.KVCacheRewrite`) and ``fallback``."""
 
     def __init__(self, rows, projections=(), fallback: Optional[str] = None, canonical=(),
-                 attention=(), mask_index=()):
+                 attention=(), mask_index=(), kv_cache=()):
         super().__init__(rows)
+        self.kv_cache = list(kv_cache)
         self.projections = list(projections)
         self.canonical = list(canonical)
         self.attention = list(attention)
@@ -32,7 +34,7 @@ class Explanation(list):
     def of(cls, result) -> "Explanation":
         """The explanation of a :class:`~xnnfold.result.FoldResult`."""
         return cls(result.operands, result.projections, result.fallback, result.canonical,
-                   result.attention, result.mask_index)
+                   result.attention, result.mask_index, result.kv_cache)
 
 
 def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
@@ -64,6 +66,11 @@ def format_explanation(rows: list, fallback: Optional[str] = None, projections=N
                      "node / constant", "reason"], table) if table else "no GEMM"
     for rewrite in getattr(rows, "mask_index", []):
         text += f"\n{rewrite.describe()}"
+    cached = getattr(rows, "kv_cache", [])
+    for record in cached:
+        text += f"\n{record.describe()}"
+    if cached:
+        text += f"\n{kernels_needed(cached)}"
     for attention in getattr(rows, "attention", []):
         text += f"\n{attention.describe()}"
     for rewrite in getattr(rows, "canonical", []):
@@ -73,6 +80,17 @@ def format_explanation(rows: list, fallback: Optional[str] = None, projections=N
     if fallback:
         text += f"\nxnnfold fell back to stock: {fallback}"
     return text
+
+
+def kernels_needed(kv_cache: list) -> str:
+    """Which kernels the lowered program needs, after the KV-cache step."""
+    custom = sorted({k.strip() for r in kv_cache if r.rewritten and r.kernels
+                     for k in r.kernels.split(",") if "::" in k})
+    if not custom:
+        return "kernels the .pte needs: XNNPACK and the portable kernels (any runtime)"
+    return (f"kernels the .pte needs: XNNPACK, the portable kernels and executorch's LLM custom "
+            f"ops {', '.join(custom)} (a runtime built with them: the wheel's pybindings, apps "
+            f"linking executorch's custom_ops)")
 
 
 def _columns(headers: list, rows: list) -> str:

@@ -49,7 +49,11 @@ class FoldGemmParams:
     (default: the ``XNNFOLD_VERIFY_PROBE`` environment variable) also runs the whole-program
     probe and fails the fold on any disagreement with the fast one (a test mode: it costs a
     second decomposition of the program). ``attention=False`` leaves every
-    ``scaled_dot_product_attention`` as stock decomposes it (:mod:`xnnfold.steps.attention`).
+    ``scaled_dot_product_attention`` as stock decomposes it (:mod:`xnnfold.steps.attention`,
+    :mod:`xnnfold.steps.kv_cache`). ``llm_kernels=True`` lets the KV-cache step put the cache
+    update and the attention over it on executorch's ``llama::update_cache`` and
+    ``llama::custom_sdpa`` where that is proven exact: the .pte then needs a runtime with
+    executorch's LLM custom ops (the default needs XNNPACK and the portable kernels only).
 
     ``.program`` is a valid ExportedProgram (``validate()``, ``torch.export.save``); it shares
     ``ep``'s ShapeEnv, so for a program with data-dependent sizes, lowering it leaves unbound
@@ -59,12 +63,13 @@ class FoldGemmParams:
 
     def __init__(self, partitioner: Optional[StockXnnpackPartitioner] = None,
                  rules: RuleSet = DEFAULT_RULES, verify_probe: Optional[bool] = None,
-                 attention: bool = True):
+                 attention: bool = True, llm_kernels: bool = False):
         self.partitioner = partitioner if partitioner is not None \
             else StockXnnpackPartitioner()
         self.rules = rules
         self.verify_probe = verify_probe
         self.attention = attention
+        self.llm_kernels = llm_kernels
 
     def __call__(self, ep: ExportedProgram, verification: Optional[Verification] = None
                  ) -> pipeline.FoldResult:
@@ -81,7 +86,8 @@ class FoldGemmParams:
             # draw (a first export's lazy set-up, a module built to be probed) is drawn from a
             # fork.
             with torch.random.fork_rng(devices=[]):
-                result = pipeline.run(ep, probe, self.rules, self.attention, verification)
+                result = pipeline.run(ep, probe, self.rules, self.attention, verification,
+                                      self.llm_kernels)
         finally:
             if result is None or result.fallback is not None:
                 verification.fold_failed()   # nothing left to check of a fold given up
@@ -93,18 +99,23 @@ def fold_gemm_params(ep: ExportedProgram,
                      rules: RuleSet = DEFAULT_RULES,
                      verify_probe: Optional[bool] = None,
                      attention: bool = True,
-                     prefer: Optional[str] = None) -> pipeline.FoldResult:
+                     prefer: Optional[str] = None,
+                     llm_kernels: Optional[bool] = None) -> pipeline.FoldResult:
     """Fold the computed weights and biases of ``ep``'s GEMMs into constants.
 
     Returns a :class:`~xnnfold.result.FoldResult`: ``.program`` is a new ExportedProgram
     (``ep`` is not modified) to lower with ``to_edge`` + ``to_backend`` or any other path, and
     ``.operands`` says, for every GEMM weight and bias, whether it was plain, folded or declined
     and why. The arguments are :class:`FoldGemmParams`'s; ``prefer`` is
-    :class:`XnnpackPartitioner`'s (default: ``partitioner``'s own, if it is xnnfold's).
+    :class:`XnnpackPartitioner`'s (default: ``partitioner``'s own, if it is xnnfold's), and so
+    is ``llm_kernels``.
     """
     if prefer is None and isinstance(partitioner, XnnpackPartitioner):
         prefer = partitioner.fold.rules.prefer
-    return FoldGemmParams(partitioner, rules.preferring(prefer), verify_probe, attention)(ep)
+    if llm_kernels is None:
+        llm_kernels = isinstance(partitioner, XnnpackPartitioner) and partitioner.fold.llm_kernels
+    return FoldGemmParams(partitioner, rules.preferring(prefer), verify_probe, attention,
+                          llm_kernels)(ep)
 
 
 def _for_lowering(ep: ExportedProgram, program: ExportedProgram) -> ExportedProgram:
@@ -175,7 +186,7 @@ def _check_dim_orders(result) -> list:
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
-    Same constructor, plus ``rules``, ``verify_probe`` and ``attention`` (see
+    Same constructor, plus ``rules``, ``verify_probe``, ``attention`` and ``llm_kernels`` (see
     :class:`FoldGemmParams`) and
     ``prefer``: where speed and size trade (an ``nn.Linear`` head tied to its embedding, which
     stock delegates with a second copy of the table), ``"speed"`` (the default) keeps stock's
@@ -193,10 +204,11 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
 
     def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,
                  verify_probe: Optional[bool] = None, attention: bool = True,
-                 prefer: Optional[str] = None, **kwargs):
+                 prefer: Optional[str] = None, llm_kernels: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         open_runtime_weight_path(self)
-        self.fold = FoldGemmParams(self, rules.preferring(prefer), verify_probe, attention)
+        self.fold = FoldGemmParams(self, rules.preferring(prefer), verify_probe, attention,
+                                   llm_kernels)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
         # the probe's answers, the last of a fold checked by partition() (verification on)

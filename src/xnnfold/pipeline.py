@@ -1,5 +1,6 @@
-"""The whole pass: mask indexing -> attention rewritten -> canonical GEMMs -> projections -> analysis -> plan
-and rules -> fold -> probe, repeated until the probe agrees -> runtime weights.
+"""The whole pass: mask indexing -> KV caches -> attention rewritten -> canonical GEMMs ->
+projections -> analysis -> plan and rules -> fold -> probe, repeated until the probe agrees ->
+runtime weights.
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
 reason and returns the input program untouched, which lowers exactly as stock lowers it (in
@@ -20,6 +21,7 @@ from . import rules
 from .steps.fold import plan
 from .analysis import ProgramFacts, find_operands, find_static
 from .steps.attention import rewrite_attention
+from .steps.kv_cache import rewrite_kv_caches
 from .steps.canonical import canonicalize
 from .steps.mask_index import rewrite_mask_indexing
 from .steps.runtime_weight import mark_runtime_weights
@@ -43,10 +45,11 @@ Probe = Callable[[ExportedProgram, list], set]
 
 
 def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet,
-                    attention: bool = True) -> FoldResult:
-    """Index by masks rather than their ``where``, rewrite attention (unless ``attention`` is
-    False), canonicalize GEMMs, split packed projections, then fold; undo each split whose parts were not all folded and delegated
-    (rule *split*).
+                    attention: bool = True, llm_kernels: bool = False) -> FoldResult:
+    """Index by masks rather than their ``where``, rewrite attention over KV caches (on
+    executorch's LLM kernels with ``llm_kernels``) and other attention (unless ``attention`` is
+    False), canonicalize GEMMs, split packed projections, then fold; undo each split whose
+    parts were not all folded and delegated (rule *split*).
 
     ``ep`` is only read: the pass copies it once (graph and signature; tensors are shared) and
     rewrites that copy. Each site thus ends either fully split, folded and delegated, or exactly
@@ -56,6 +59,8 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     base = copy_program(ep)
     indexed = rewrite_mask_indexing(base)
     check(base, "mask_index")
+    cached = rewrite_kv_caches(base, llm_kernels) if attention else []
+    check(base, "kv_cache")
     attended = rewrite_attention(base) if attention else []
     check(base, "attention")
     facts = find_static(base)
@@ -89,10 +94,11 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     result.canonical = rewrites
     result.attention = attended
     result.mask_index = indexed
+    result.kv_cache = cached
     mark_runtime_weights(result, rule_set.prefer)
     check(result.program, "runtime_weight")
     if result.program is base and not rewrites and not indexed and \
-            not any(a.rewritten for a in attended) and \
+            not any(a.rewritten for a in attended) and not any(c.rewritten for c in cached) and \
             not any(row.runtime_weight for row in result.operands):
         result.program = ep    # nothing changed: the caller's own program
     return result
@@ -160,14 +166,15 @@ def check_no_growth(ep: ExportedProgram, result: FoldResult) -> None:
 
 def run(ep: ExportedProgram, probe: Optional[Probe],
         rule_set: RuleSet = DEFAULT_RULES, attention: bool = True,
-        verification: Optional[Verification] = None) -> FoldResult:
+        verification: Optional[Verification] = None, llm_kernels: bool = False) -> FoldResult:
     """Fold what the rules allow; on any internal failure, warn once and return ``ep``.
-    ``attention``: run the attention step (:mod:`xnnfold.steps.attention`). ``verification``:
-    the one the probe reports its answers to, told where the fold ends (its last answer is
-    checked then, or left for a lowering's ``partition()``: a disagreement is a failure of
-    the fold)."""
+    ``attention``: run the KV-cache and attention steps (:mod:`xnnfold.steps.kv_cache`,
+    :mod:`xnnfold.steps.attention`); ``llm_kernels``: the KV-cache step may use executorch's
+    LLM kernels. ``verification``: the one the probe reports its answers to, told where the
+    fold ends (its last answer is checked then, or left for a lowering's ``partition()``: a
+    disagreement is a failure of the fold)."""
     try:
-        result = _split_and_fold(ep, probe, rule_set, attention)
+        result = _split_and_fold(ep, probe, rule_set, attention, llm_kernels)
         check_no_growth(ep, result)
         if verification is not None:
             verification.fold_done(result.program)

@@ -95,6 +95,11 @@ def _program(source: str, quantize=None):
 # --------------------------------------------------------------------------------------------
 # explain
 
+_LLM_KERNELS_HELP = ("a KV cache's update and attention on executorch's llama::update_cache / "
+                     "llama::custom_sdpa where proven exact: the .pte then needs a runtime with "
+                     "executorch's LLM custom ops")
+
+
 def _explain_arguments(parser) -> None:
     parser.add_argument("program", help="a .pt2, package.module:function returning "
                         "(module, example_inputs), or a built-in model name")
@@ -102,6 +107,7 @@ def _explain_arguments(parser) -> None:
                         help="PT2E-quantize the model first (XNNPACK quantizer, per channel)")
     parser.add_argument("--all", action="store_true",
                         help="also list every op left outside delegates, with XNNPACK's reason")
+    parser.add_argument("--llm-kernels", action="store_true", help=_LLM_KERNELS_HELP)
 
 
 def _check_explain(args) -> None:
@@ -116,7 +122,7 @@ def _cmd_explain(args) -> int:
 
     program = _program(args.program, args.quantize)
     if not args.all:
-        result = xnnfold.fold_gemm_params(program)
+        result = xnnfold.fold_gemm_params(program, llm_kernels=args.llm_kernels)
         print(xnnfold.format_explanation(Explanation.of(result)))
         return 0
     from tabulate import tabulate
@@ -124,7 +130,7 @@ def _cmd_explain(args) -> int:
     from .devtools import why_not_delegated
 
     # One lowering answers both: the GEMM table from its fold, the rest from XNNPACK's log.
-    partitioner = xnnfold.XnnpackPartitioner()
+    partitioner = xnnfold.XnnpackPartitioner(llm_kernels=args.llm_kernels)
     rows = why_not_delegated(program, partitioner)
     result = partitioner.last_result
     print(xnnfold.format_explanation(Explanation.of(result)))
@@ -158,11 +164,14 @@ def _lower_arguments(parser) -> None:
                         "its own) on the example inputs and compare it with the model in "
                         "eager (a quantized model: with an absolute tolerance of 3%% of its "
                         "largest output); exit code 1 if it does not run or differs")
+    parser.add_argument("--llm-kernels", action="store_true", help=_LLM_KERNELS_HELP)
 
 
 def _check_lower(args) -> None:
     checks.program(args.program)
     checks.output_file(args.output)
+    if args.stock and args.llm_kernels:
+        raise UsageError("--llm-kernels is xnnfold's: not with --stock")
 
 
 def _cmd_lower(args) -> int:
@@ -175,7 +184,8 @@ def _cmd_lower(args) -> int:
     program = export(case) if case is not None else _program(args.program, args.quantize)
     try:
         lowered = lower(program, STOCK if args.stock else XNNFOLD,
-                        None if args.stock else {"prefer": args.prefer})
+                        None if args.stock else {"prefer": args.prefer,
+                                                 "llm_kernels": args.llm_kernels})
     except Exception as error:  # noqa: BLE001 - a program stock cannot lower either
         from .sources import first_line
         raise UsageError(f"{args.program}: lowering failed ({first_line(error, 200)})")
@@ -336,6 +346,8 @@ def _hf_arguments(parser) -> None:
                         "go in as chunks)")
     parser.add_argument("--threads", type=int, help="the runtime's threads for the check and "
                         "the timing (default: its own, one per core)")
+    parser.add_argument("--llm-kernels", action="store_true", help="a causal LM: " +
+                        _LLM_KERNELS_HELP + " (with --compare, xnnfold's default beside it)")
 
 
 def _check_hf(args) -> None:
@@ -363,7 +375,7 @@ def _cmd_hf(args) -> int:
                                 tokens=args.tokens, attention=args.attention, reps=args.reps,
                                 prefer=args.prefer, check=not args.no_check,
                                 cache=not args.no_cache, max_cache=args.max_cache,
-                                max_prefill=args.max_prefill)
+                                max_prefill=args.max_prefill, llm_kernels=args.llm_kernels)
     print(hf.table(exported.rows))
     for note in exported.notes:
         print(note)

@@ -5,7 +5,8 @@
   tooling read), not counted by hand.
 - :func:`operator_times` — where the time goes on the runtime: the wheel's runtime writes an
   ETDump (``enable_etdump=True``), read back with ``executorch.devtools.Inspector``; per
-  portable operator and for XNNPACK delegate calls.
+  portable operator (and custom op: ``llama::custom_sdpa.out``) and for XNNPACK delegate
+  calls.
 - :func:`why_not_delegated` — XNNPACK's own reason for each node its partitioner declines: its
   configs call ``WhyNoPartition(logger)(node, reason)``, which logs at DEBUG through each config
   module's logger; a handler collects those records during one partition.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import statistics
 import tempfile
 from collections import defaultdict
@@ -37,16 +39,19 @@ def delegation(graph_module: torch.fx.GraphModule) -> dict:
             "not_delegated_by_op": dict(sorted(outside.items(), key=lambda kv: -kv[1]))}
 
 
-def operator_times(pte: bytes, inputs: tuple, runs: int = 5) -> dict:
-    """Milliseconds per run, by portable operator and for XNNPACK delegate calls (median over
-    ``runs`` runs after one warm-up), from an ETDump of the wheel's runtime."""
+def operator_times(pte: bytes, inputs: tuple, runs: int = 5, method: str = "forward") -> dict:
+    """Milliseconds per run of ``method``, by portable operator and for XNNPACK delegate calls
+    (median over ``runs`` runs after one warm-up), from an ETDump of the wheel's runtime."""
     from executorch.devtools import Inspector
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
     buffer = pte                      # the loaded module does not own its buffer
+    from ..llm.runtime import load_llm_kernels
+
+    load_llm_kernels(pte)
     module = _load_for_executorch_from_buffer(buffer, enable_etdump=True)
     for _ in range(runs + 1):
-        module.forward(tuple(inputs))
+        module.run_method(method, tuple(inputs))
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "run.etdp")
         module.write_etdump_result_to_file(path)
@@ -71,7 +76,14 @@ def _category(event_name: str):
         return DELEGATE
     if event_name.startswith("native_call_"):
         return event_name[len("native_call_"):]
+    if _CUSTOM_OP.match(event_name):   # a custom op's kernel (llama::custom_sdpa.out)
+        return event_name
     return None
+
+
+# A custom op's kernel is logged under its name, namespace first; the runtime's own events
+# (Method::execute, Program::load_method) are capitalized.
+_CUSTOM_OP = re.compile(r"^[a-z_][a-z0-9_]*::")
 
 
 @dataclass

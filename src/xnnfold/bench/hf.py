@@ -202,11 +202,13 @@ class Exported:
 def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 8,
                   attention: str = "sdpa", reps: int = 10, prefer: str = "speed",
                   check: bool = True, cache: bool = True, max_cache: Optional[int] = None,
-                  max_prefill: Optional[int] = None) -> Exported:
+                  max_prefill: Optional[int] = None, llm_kernels: bool = False) -> Exported:
     """Write the .pte of every part of ``plan``'s model, each checked against eager on the
     runtime unless ``check`` is False; with ``compare``, stock's lowering beside xnnfold's,
     timed. ``prefer``: xnnfold's (``XnnpackPartitioner(prefer=...)``). A causal LM is
-    generation-ready unless ``cache`` is False (``max_cache``/``max_prefill``: its sizes)."""
+    generation-ready unless ``cache`` is False (``max_cache``/``max_prefill``: its sizes;
+    ``llm_kernels``: its cache on executorch's LLM kernels, see
+    :class:`~xnnfold.XnnpackPartitioner`)."""
     from . import hf_parts
 
     output_path = Path(output)
@@ -216,7 +218,7 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
     if plan.kind == CAUSAL_LM and cache:
         from .hf_generation import export_generation
         exported = export_generation(model, output_path, compare, tokens, reps, prefer, check,
-                                     max_cache, max_prefill)
+                                     max_cache, max_prefill, llm_kernels)
     else:
         exported = Exported([], [], [])
         for part in hf_parts.parts(plan, model, tokens):

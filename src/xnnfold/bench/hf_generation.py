@@ -33,8 +33,12 @@ class MethodLowering:
     ops_outside: list
 
 
+# xnnfold with llm_kernels=True (``--llm-kernels``): the cache on executorch's LLM kernels
+XNNFOLD_LLM = "xnnfold-llm"
+
+
 def _lower(generation, variant: str, prefer: str) -> tuple:
-    """(.pte bytes, {method: MethodLowering}) of one variant."""
+    """(.pte bytes, {method: MethodLowering}) of one variant (stock, xnnfold, xnnfold-llm)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackPartitioner as StockXnnpackPartitioner,
     )
@@ -51,8 +55,8 @@ def _lower(generation, variant: str, prefer: str) -> tuple:
     if variant == STOCK:
         lowered = lower_generation(generation, StockXnnpackPartitioner, before_emit=outside)
     else:
-        lowered = lower_generation(generation, partitioner_kwargs={"prefer": prefer},
-                                   before_emit=outside)
+        lowered = lower_generation(generation, partitioner_kwargs={
+            "prefer": prefer, "llm_kernels": variant == XNNFOLD_LLM}, before_emit=outside)
     seconds = time.perf_counter() - start
     methods = {method: MethodLowering(len(lowered.pte), seconds,
                                       [op for op in ops if op in EDGE_GEMM_NAMES], calls, ops)
@@ -104,8 +108,11 @@ def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0
 
 
 def export_generation(model, output: Path, compare: bool, tokens: int, reps: int, prefer: str,
-                      check: bool, max_cache: Optional[int], max_prefill: Optional[int]
-                      ) -> "hf.Exported":
+                      check: bool, max_cache: Optional[int], max_prefill: Optional[int],
+                      llm_kernels: bool = False) -> "hf.Exported":
+    """The generation .pte of ``model`` written to ``output`` (``llm_kernels``: the cache's
+    update and attention on executorch's LLM kernels), checked; with ``compare``, stock and
+    (with ``llm_kernels``) xnnfold's default beside it, timed interleaved."""
     from ..llm import Generator, export_causal_lm
     from .measure import STOCK, XNNFOLD
 
@@ -113,10 +120,13 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     with hf.failing_as_usage(f"{name}: the export with transformers' static cache (--no-cache "
                              "exports its logits without a cache)"):
         generation = export_causal_lm(model, max_cache, max_prefill)
-    variants = [STOCK, XNNFOLD] if compare else [XNNFOLD]
+    written = XNNFOLD_LLM if llm_kernels else XNNFOLD
+    variants = [STOCK, XNNFOLD] if compare else []
+    if written not in variants:
+        variants.append(written)
     with hf.failing_as_usage(f"lowering {name}'s prefill and decode"):
         lowered = {variant: _lower(generation, variant, prefer) for variant in variants}
-    output.write_bytes(lowered[XNNFOLD][0])
+    output.write_bytes(lowered[written][0])
     generators = {variant: Generator(pte) for variant, (pte, _) in lowered.items()}
     torch.manual_seed(0)
     prompt = torch.randint(0, generation.metadata["get_vocab_size"], (tokens,)).tolist()
@@ -127,12 +137,12 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     for variant, (_, methods) in lowered.items():
         for index, method in enumerate(("prefill", "decode")):
             verdict = verdicts[variant][index]
-            if verdict is not None and not verdict.ok and variant == XNNFOLD:
+            if verdict is not None and not verdict.ok and variant == written:
                 exported.wrong.append(f"{output} ({method}): {verdict}")
             exported.rows.append(hf.row(
                 method, variant, methods[method], verdict,
                 timed[variant][index] if timed else None,
-                str(output) if variant == XNNFOLD else ""))
+                str(output) if variant == written else ""))
     exported.notes.append(
         f"{output}: methods prefill (1 to {generation.max_prefill} tokens) and decode (1 "
         f"token) over a static KV cache of {generation.max_cache} rows; run it with "

@@ -219,6 +219,9 @@ class PteRunner:
         # the quantized ops' kernels (a PT2E-quantized .pte's quantize/dequantize left outside
         # delegates): without them it fails with error 0x14, operator missing
         import executorch.kernels.quantized  # noqa: F401
+
+        from ..llm.runtime import load_llm_kernels
+        load_llm_kernels(pte)          # llm_kernels=True: llama::update_cache, custom_sdpa
         self._buffer = pte   # the loaded module does not own it
         self._module = _load_for_executorch_from_buffer(self._buffer)
 

@@ -24,6 +24,7 @@ SCRIPTS = {
     "tied-models": "tied_models",
     "lowering-isolated": "lowering_isolated",
     "quantized-attention": "quantized_attention",
+    "llm-decode": "llm_decode",
 }
 
 

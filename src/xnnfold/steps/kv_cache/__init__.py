@@ -1,0 +1,249 @@
+"""The KV-cache step: a decoder LM's attention over its static KV cache off portable.
+
+transformers' ExecuTorch export (``TorchExportableModuleForDecoderOnlyLM``, static cache) and
+executorch's example Llama with its plain KV cache write each step's keys and values into a
+buffer ``[B, Hkv, S, D]`` in place and attend over the whole buffer under a mask built from the
+cache position, repeating it for grouped-query attention. Lowered as it is, the repeat is an
+``expand_copy`` (and an ``unsqueeze_copy``) of the whole cache on portable per layer and step,
+and SDPA's safe-softmax glue sits between three delegates.
+
+Each such attention (:mod:`.pattern`) is rewritten, on the pass's own copy of the program:
+
+- by default (:mod:`.grouped`) into ops XNNPACK takes, the query heads of a KV head folded into
+  the rows of one product with the cache, nothing repeated; runs on any runtime with XNNPACK
+  and the portable kernels;
+- with ``llm_kernels=True`` (:mod:`.llm_kernels`), where the positions and the mask are proven
+  (:mod:`.positions`), onto executorch's ``llama::update_cache`` (in place) and
+  ``llama::custom_sdpa`` (only the rows up to the position), the kernels of its own LLM flow.
+
+An attention the step does not take is left as it was and says why; one it does not recognise
+as reading a cache is not its business (the attention step, next, rewrites it as any other).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch.export import ExportedProgram
+
+from ...analysis import static_inputs
+from ...errors import warn_or_raise
+from ..attention.common import Emitter
+from . import grouped, layout, llm_kernels, pattern, positions
+
+logger = logging.getLogger("xnnfold")
+
+PORTABLE_KERNELS = "XNNPACK + portable"
+# What the default rewrite leaves outside XNNPACK, and why (explain lists it per attention).
+UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): index_put copies "
+               "the whole cache and the runtime writes it back with copy_, unless to_executorch "
+               "runs with ExecutorchBackendConfig(run_reinplace_pass=True) (as xnnfold.llm's "
+               ".pte does), which updates it in place; llm_kernels=True makes it "
+               "llama::update_cache, in place")
+MASK_LEFT = "the mask is made additive on portable, once per program, on its own [L, S]"
+
+
+@dataclass(frozen=True)
+class KVCacheRewrite:
+    """One attention over a KV cache: rewritten (``kernels`` it then needs, ``proven`` what
+    makes it exact) or kept as it was (``kept_because``)."""
+
+    node: str
+    caches: tuple = ()
+    kernels: Optional[str] = None
+    proven: Optional[str] = None
+    kept_because: Optional[str] = None
+    left: tuple = ()          # what stays outside XNNPACK, and why
+    llm_declined: Optional[str] = None   # why llm_kernels=True could not be used here
+
+    @property
+    def rewritten(self) -> bool:
+        return self.kept_because is None
+
+    def describe(self) -> str:
+        caches = f" over {' / '.join(self.caches)}" if self.caches else ""
+        if not self.rewritten:
+            return f"kv_cache step: attention {self.node}{caches} kept as it was: " \
+                   f"{self.kept_because}"
+        text = (f"kv_cache step: attention {self.node}{caches} rewritten for {self.kernels} "
+                f"({self.proven})")
+        if self.llm_declined:
+            text += f"; llm_kernels not used: {self.llm_declined}"
+        for note in self.left:
+            text += f"; {note}"
+        return text
+
+
+class _Context:
+    """What the rewrites of one program share: facts, proofs, the mask parts, the item()."""
+
+    def __init__(self, program: ExportedProgram):
+        self.program = program
+        names = static_inputs(program)
+        self.static = {n: names[n.name] for n in program.graph.nodes
+                       if n.op == "placeholder" and n.name in names}
+        self.written = set(pattern.written_placeholders(program))
+        self.numbers = positions.ValueNumbers(program.graph, self.written)
+        self.proofs: dict = {}
+        self.masks = grouped.MaskParts()
+        self.started: dict = {}
+        self.relaid: set = set()
+
+    def forget(self, erased: list) -> None:
+        """Drop what was built from nodes about to be erased (a rewrite given up)."""
+        erased = set(erased)
+        self.started = {k: n for k, n in self.started.items() if n not in erased}
+        self.masks.forget(erased)
+
+    def proof(self, attention: pattern.CacheAttention, start) -> tuple:
+        """(proven causal, why not) for this attention's mask and start position."""
+        if attention.mask is None:
+            return False, "no mask: every cache row is attended"
+        if start is None:
+            return False, "the positions are not arange(L) + P or a single position"
+        rows = attention.query.meta["val"].shape[2]      # an int, or a dynamic length
+        key = (attention.mask, start, str(rows))
+        if key not in self.proofs:
+            self.proofs[key] = positions.prove_mask(
+                attention.mask, start, rows, attention.key.shape[2], self.static, self.written,
+                self.numbers)
+        return self.proofs[key]
+
+
+def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False) -> list:
+    """Rewrite, in place, every attention of ``program`` (the pass's own copy) over a KV cache
+    the step recognises; return a :class:`KVCacheRewrite` for each, rewritten or kept."""
+    updates, _ = pattern.find_updates(program)
+    if not updates:
+        return []
+    if llm_kernels_wanted:
+        llm_kernels.load_kernels()
+    context, records = _Context(program), []
+    for node in list(program.graph.nodes):
+        if node.op != "call_function" or node.target is not pattern.SDPA:
+            continue
+        match = pattern.match_attention(node, updates)
+        if match is None:
+            continue
+        if isinstance(match, str):
+            records.append(KVCacheRewrite(node.name, kept_because=match))
+            continue
+        records.append(_rewrite_one(context, match, llm_kernels_wanted))
+    if any(r.rewritten for r in records):
+        program.graph.eliminate_dead_code()
+        program.graph.lint()
+        program.graph_module.recompile()
+    return records
+
+
+def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wanted: bool
+                 ) -> KVCacheRewrite:
+    name = attention.sdpa.name
+    caches = (attention.key.target, attention.value.target)
+    key, value = attention.key, attention.value
+    start = positions.start_of(key.positions, context.numbers)
+    if start is not None and not positions.same_positions(key.positions, value.positions,
+                                                          context.numbers):
+        start = None
+    proven, why_not = context.proof(attention, start)
+    # the caches re-shaped (both paths) only where this attention alone reads them
+    private = _why_not_private(context, attention)
+    in_place = private or (None if start is not None else
+                           "the positions written are not arange(L) + P (or a single "
+                           "position) for both caches")
+    emit = Emitter(context.program.graph, attention.sdpa)
+    try:
+        if llm_wanted and in_place is None:
+            return _llm(context, emit, attention, start, name, caches, proven,
+                        None if proven else why_not)
+        if private is None:
+            how = _flat(context, emit, attention, proven)
+        else:
+            how = grouped.rewrite(emit, attention, context.masks, proven)
+    except Exception as error:  # noqa: BLE001 - this attention stays as stock has it
+        context.forget(emit.created)
+        emit.discard()
+        reason = f"internal failure, left as stock leaves it: {type(error).__name__}: {error}"
+        warn_or_raise(logger, "xnnfold: kv_cache attention %r %s", name, reason)
+        return KVCacheRewrite(name, caches, kept_because=reason)
+    left = (UPDATE_LEFT,) + ((MASK_LEFT,) if attention.mask is not None else ())
+    return KVCacheRewrite(name, caches, grouped_kernels(attention), how, left=left,
+                          llm_declined=in_place if llm_wanted else None)
+
+
+def grouped_kernels(attention) -> str:
+    return PORTABLE_KERNELS + (f", {attention.groups} query heads per KV head, not repeated"
+                               if attention.groups > 1 else "")
+
+
+def _why_not_private(context: _Context, attention: pattern.CacheAttention) -> Optional[str]:
+    """Why the caches are not this attention's alone (then they keep their shape), or None."""
+    chain = set(attention.repeats) | {attention.sdpa}
+    for node in [attention.key.node, attention.value.node] + attention.repeats:
+        others = [u for u in node.users if u not in chain]
+        if others:
+            return f"the updated cache ({node.name}) is also read by {others[0].name}"
+    for update in (attention.key, attention.value):
+        if update.buffer in context.relaid:
+            return f"the cache {update.target} is read by another attention"
+    return None
+
+
+def _flat(context: _Context, emit: Emitter, attention: pattern.CacheAttention, proven: bool
+          ) -> str:
+    """The default rewrite on caches re-shaped ``[B * Hkv, S, D]``: the same updates, on dim 1,
+    and the attention reading the updated buffers as they are."""
+    reshaped, flat = [], []
+    try:
+        for update in (attention.key, attention.value):
+            layout.reshape_buffer(context.program, update, layout.flat_shape(update),
+                                  emit.fake_mode)
+            reshaped.append(update)
+        for update in (attention.key, attention.value):
+            flat.append(layout.update_flat(emit, update))
+        how = grouped.rewrite(emit, attention, context.masks, proven, *flat)
+        llm_kernels.erase_old(emit.graph, attention)
+    except Exception:
+        for update in reshaped:
+            layout.restore_buffer(context.program, update, emit.fake_mode)
+        raise
+    context.relaid.update(u.buffer for u in reshaped)
+    return how + "; the cache kept as [B * Hkv, S, D], the same bytes"
+
+
+def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, start, name,
+         caches, proven: bool, sdpa_declined: Optional[str]) -> KVCacheRewrite:
+    """The caches updated in place by ``update_cache``; the attention over them by
+    ``custom_sdpa`` where the mask is proven causal from the position, else by XNNPACK under
+    the mask."""
+    relaid = []
+    try:
+        for update in (attention.key, attention.value):
+            b, hkv, s, d = update.shape
+            layout.reshape_buffer(context.program, update, (b * hkv, s, 1, d), emit.fake_mode)
+            relaid.append(update)
+        llm_kernels.update_in_place(emit, attention, start, context.started)
+        if sdpa_declined is None:
+            llm_kernels.custom_sdpa(emit, attention, context.started[start])
+            kernels, how = f"{llm_kernels.UPDATE}, {llm_kernels.SDPA}", \
+                "custom_sdpa attends rows 0 .. P + l only"
+        else:
+            how = grouped.rewrite(emit, attention, context.masks, proven,
+                                  llm_kernels.cache_3d(emit, attention.key),
+                                  llm_kernels.cache_3d(emit, attention.value))
+            kernels = f"{llm_kernels.UPDATE}, {grouped_kernels(attention)}"
+        llm_kernels.erase_old(emit.graph, attention)
+    except Exception:
+        for update in relaid:          # the buffer back as it was, then the rewrite undone
+            layout.restore_buffer(context.program, update, emit.fake_mode)
+        raise
+    context.relaid.update(u.buffer for u in relaid)
+    left = () if sdpa_declined is None else (MASK_LEFT,)
+    return KVCacheRewrite(name, caches, kernels,
+                          f"rows P .. P + L - 1 written in place; {how}; the cache kept as "
+                          "[B * Hkv, S, 1, D], the same bytes", left=left,
+                          llm_declined=None if sdpa_declined is None else
+                          f"custom_sdpa: {sdpa_declined}")

@@ -1,0 +1,264 @@
+"""What the KV-cache step recognises in an exported program (before decomposition: the training
+IR, where a cache update is an in-place op on the buffer).
+
+- a **cache update**: ``index_copy_(cache, 2, positions, rows)`` (transformers' ``StaticLayer``)
+  or ``index_put_(cache, [None, None, positions], rows)`` (executorch's example ``KVCache``) on
+  a buffer ``cache`` of shape ``[B, Hkv, S, D]``;
+- an **attention over the cache**: ``scaled_dot_product_attention(q, k, v, mask)`` whose ``k``
+  and ``v`` are two updated caches, each repeated for grouped-query attention by transformers'
+  ``repeat_kv`` (``unsqueeze`` + ``expand`` + ``reshape``), by ``repeat_interleave`` (executorch's
+  example), by nothing (one query head per KV head) or by SDPA itself (``enable_gqa=True``).
+
+Everything else about the program (the mask, the positions) is proven by
+:mod:`.positions`; the rewrites are in :mod:`.grouped` and :mod:`.llm_kernels`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from ..attention.quantized import dequantized
+from ...node_meta import tensor_val
+
+aten = torch.ops.aten
+SDPA = aten.scaled_dot_product_attention.default
+_UPDATES = (aten.index_copy_.default, aten.index_put_.default)
+_RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+
+
+@dataclass
+class CacheUpdate:
+    """One in-place update of a cache buffer ``[B, Hkv, S, D]`` at ``positions`` (dim 2)."""
+
+    node: torch.fx.Node          # the index_copy_ / index_put_
+    buffer: torch.fx.Node        # the buffer's placeholder
+    target: str                  # the buffer's name in the program's state
+    positions: torch.fx.Node     # int64 [L]
+    rows: torch.fx.Node          # the new rows (broadcastable to [B, Hkv, L, D])
+    shape: tuple = ()            # the buffer's [B, Hkv, S, D], as exported
+
+
+@dataclass
+class CacheAttention:
+    """One SDPA over two updated caches."""
+
+    sdpa: torch.fx.Node
+    query: torch.fx.Node         # [B, H, L, D]
+    key: CacheUpdate
+    value: CacheUpdate
+    groups: int                  # query heads per KV head
+    mask: Optional[torch.fx.Node]
+    scale: float
+    repeats: list = field(default_factory=list)   # nodes repeating k and v (erased after)
+
+
+def sdpa_args(node: torch.fx.Node) -> dict:
+    args = dict(zip(_SDPA_ARGS, node.args))
+    args.update(node.kwargs)
+    return {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
+            "enable_gqa": False, **args}
+
+
+def written_placeholders(program: ExportedProgram) -> dict:
+    """{placeholder: [nodes writing into it in place]} (an op whose schema marks the argument
+    ``Tensor(a!)``, given the placeholder itself)."""
+    writes: dict = {}
+    for node in program.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for argument, given in zip(node.target._schema.arguments, node.args):
+            if argument.alias_info is not None and argument.alias_info.is_write and \
+                    isinstance(given, torch.fx.Node) and given.op == "placeholder":
+                writes.setdefault(given, []).append(node)
+    return writes
+
+
+def buffer_targets(program: ExportedProgram) -> dict:
+    """{placeholder name: state key} of the program's buffers."""
+    return {s.arg.name: s.target for s in program.graph_signature.input_specs
+            if s.kind == InputKind.BUFFER}
+
+
+def find_updates(program: ExportedProgram) -> tuple:
+    """({update node: CacheUpdate}, {buffer name: why not a cache}) over the buffers written in
+    place."""
+    buffers = buffer_targets(program)
+    updates, refused = {}, {}
+    for placeholder, writers in written_placeholders(program).items():
+        if placeholder.name not in buffers:
+            continue
+        update = _as_update(placeholder, writers, buffers[placeholder.name])
+        if isinstance(update, str):
+            refused[placeholder.name] = update
+        elif update is not None:
+            updates[update.node] = update
+    return updates, refused
+
+
+def _as_update(buffer: torch.fx.Node, writers: list, target: str):
+    """A CacheUpdate, None (not a cache-like write at all) or why it is not one."""
+    node = writers[0]
+    if node.target not in _UPDATES:
+        return None
+    cache = tensor_val(buffer)
+    if cache is None or cache.dim() != 4:
+        return (f"{node.name}: a {cache.dim() if cache is not None else '?'}-D buffer, not "
+                "[B, Hkv, S, D]")
+    if len(writers) > 1:
+        return f"{buffer.name} is written {len(writers)} times"
+    others = [u for u in buffer.users if u is not node]
+    if others:
+        return f"{buffer.name} is also read by {others[0].name}, not through its update"
+    if node.target is aten.index_copy_.default:
+        _, dim, positions, rows = node.args[:4]
+        if dim % 4 != 2:
+            return f"{node.name} updates dim {dim}, not the sequence dim 2"
+    else:
+        _, indices, rows = node.args[:3]
+        accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+        if accumulate or len(indices) != 3 or indices[0] is not None or indices[1] is not None \
+                or not isinstance(indices[2], torch.fx.Node):
+            return f"{node.name} is not cache[:, :, positions] = rows"
+        positions = indices[2]
+    p = tensor_val(positions)
+    if p is None or p.dim() != 1 or p.dtype not in (torch.int64, torch.int32):
+        return f"{node.name}: positions are not a 1-D integer tensor"
+    b, hkv, _, d = cache.shape
+    if _unpadded(tensor_val(rows).shape) != _unpadded([b, hkv, p.shape[0], d]):
+        return (f"{node.name}: rows {tuple(tensor_val(rows).shape)} broadcast to "
+                f"[{b}, {hkv}, L, {d}]")
+    return CacheUpdate(node, buffer, target, positions, rows, tuple(cache.shape))
+
+
+def _unpadded(shape) -> list:
+    """``shape`` without its leading 1s (the dims a broadcast may add)."""
+    shape = list(shape)
+    while shape and isinstance(shape[0], int) and shape[0] == 1:
+        shape.pop(0)
+    return shape
+
+
+def _through_reshape(node):
+    return node.args[0] if node.op == "call_function" and node.target in _RESHAPES else None
+
+
+def ungroup(node: torch.fx.Node, heads: int) -> Optional[tuple]:
+    """(the tensor ``node`` repeats per group, groups, the repeating nodes) if ``node`` is a
+    ``[B, Hkv, S, D]`` tensor repeated to ``heads`` heads (GQA), or itself with groups 1."""
+    out = tensor_val(node)
+    if out is None or out.dim() != 4:
+        return None
+    if node.op == "call_function" and node.target is aten.repeat_interleave.self_int:
+        source, repeats = node.args[0], node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+        if dim is not None and dim % 4 == 1 and isinstance(repeats, int):
+            return source, repeats, [node]
+        return None
+    inner = _through_reshape(node)
+    chain = [node]
+    if inner is not None and inner.op == "call_function" and \
+            inner.target in (aten.clone.default, aten.contiguous.default):
+        chain.append(inner)
+        inner = inner.args[0]
+    if inner is not None and inner.op == "call_function" and inner.target is aten.expand.default:
+        unsqueezed = inner.args[0]
+        if unsqueezed.op == "call_function" and unsqueezed.target is aten.unsqueeze.default \
+                and unsqueezed.args[1] % 5 == 2:
+            source = unsqueezed.args[0]
+            b, hkv, s, d = tensor_val(source).shape
+            groups = tensor_val(inner).shape[2]
+            if list(tensor_val(inner).shape) == [b, hkv, groups, s, d] and \
+                    list(out.shape) == [b, hkv * groups, s, d]:
+                return source, groups, chain + [inner, unsqueezed]
+        return None
+    return node, 1, []
+
+
+def match_attention(node: torch.fx.Node, updates: dict):
+    """A CacheAttention if ``node`` (an SDPA) reads two updated caches; a string if it does but
+    the step cannot take it (the reason); None if it does not read a cache at all."""
+    a = sdpa_args(node)
+    q, k, v = (tensor_val(a[n]) for n in ("query", "key", "value"))
+    if q is None or k is None or v is None:
+        return None
+    heads = q.shape[1] if q.dim() == 4 else None
+    found = []
+    for name in ("key", "value"):
+        if a["enable_gqa"]:
+            given = tensor_val(a[name])
+            source, groups, chain = a[name], (heads // given.shape[1]
+                                              if heads and given.dim() == 4 else 0), []
+        else:
+            ungrouped = ungroup(a[name], heads) if heads is not None else None
+            if ungrouped is None:
+                return None if not _reads_update(a[name], updates) else \
+                    f"its {name} is read from a cache in a way the step does not recognise"
+            source, groups, chain = ungrouped
+        if source not in updates:
+            return None if not _reads_update(a[name], updates) else \
+                f"its {name} is read from a cache through ops the step does not recognise"
+        found.append((updates[source], groups, chain))
+    (key, gk, kchain), (value, gv, vchain) = found
+    reason = _why_not(node, a, q, key, value, gk, gv)
+    if reason:
+        return reason
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    return CacheAttention(node, a["query"], key, value, gk, a["attn_mask"], scale,
+                          kchain + vchain)
+
+
+def _reads_update(node: torch.fx.Node, updates: dict, depth: int = 6) -> bool:
+    """Whether ``node`` is computed from an updated cache within a few ops."""
+    todo, seen = [(node, 0)], set()
+    while todo:
+        current, level = todo.pop()
+        if current in updates:
+            return True
+        if current in seen or level >= depth or current.op != "call_function":
+            continue
+        seen.add(current)
+        todo += [(i, level + 1) for i in current.all_input_nodes]
+    return False
+
+
+def _why_not(node, a, q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int
+             ) -> Optional[str]:
+    if a["dropout_p"] != 0.0:
+        return f"dropout_p={a['dropout_p']}"
+    if a["is_causal"]:
+        return "is_causal=True over a cache (top-left aligned): not a decode attention"
+    if q.dtype != torch.float32 or any(tensor_val(u.buffer).dtype != torch.float32
+                                      for u in (key, value)):
+        return f"dtype {q.dtype}: the rewrite is for fp32 caches"
+    if q.dim() != 4:
+        return f"a {q.dim()}-D query, not [B, H, L, D]"
+    if any(dequantized(x) for x in (a["query"], key.rows, value.rows)):
+        return ("q, k or v is dequantized (static int8): XNNPACK would take the attention's "
+                "ops as quantized ones")
+    (b, hkv, s, d), (vb, vh, vs, vd) = key.shape, value.shape
+    if (b, hkv, s) != (vb, vh, vs) or gk != gv or gk < 1 or q.shape[1] != hkv * gk:
+        return (f"key cache {key.shape}, value cache {value.shape} and {q.shape[1]} query heads "
+                f"do not pair (groups {gk} and {gv})")
+    if key.node is value.node:
+        return "key and value read the same cache"
+    if not all(isinstance(x, int) for x in (b, hkv, s, d, vd, q.shape[0], q.shape[1])):
+        return "dynamic batch, head or cache sizes"
+    if q.shape[0] != b or q.shape[-1] != d:
+        return f"query {tuple(q.shape)} does not match the key cache {key.shape}"
+    mask = a["attn_mask"]
+    if mask is not None:
+        m = tensor_val(mask)
+        if m is None or m.dtype not in (torch.bool, q.dtype) or m.dim() > 4:
+            return "a mask of another dtype than bool or the query's, or of rank above 4"
+        lead = [1] * (4 - m.dim()) + list(m.shape)
+        if lead[1] != 1 or lead[0] not in (1, b) or lead[3] != s:
+            return f"a mask of shape {tuple(m.shape)}: per-head masks are not rewritten"
+    return None

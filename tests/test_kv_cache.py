@@ -1,0 +1,73 @@
+"""The KV-cache step on real model code (transformers' causal LMs through its ExecuTorch
+wrapper, executorch's own example Llama), lowered and run on the runtime for 4 decode steps
+from an empty cache, each step compared with eager's; stock lowered and run beside it."""
+
+import pytest
+import torch
+
+from xnnfold.bench.models import decoder_lm
+
+from conftest import check_steps, seed_everything
+
+pytest.importorskip("transformers")
+
+DIMS = decoder_lm.Dims(hidden=64, layers=2, heads=4, kv_heads=2, vocab=256, cache=32)
+STEPS = 4
+
+
+def decode_steps(lm):
+    gen = torch.Generator().manual_seed(0)
+    return [lm.step_inputs(torch.randint(0, DIMS.vocab, (1, 1), generator=gen), position)
+            for position in range(STEPS)]
+
+
+def check(lm, llm_kernels=False, tol=None, masks=1):
+    """``masks``: how many mask nodes the model builds (transformers: one for all layers)."""
+    fresh = lm.fresh()
+    checked = check_steps(lm.export(), decode_steps(lm), lambda *a: fresh.run(a), tol=tol,
+                          partitioner_kwargs={"llm_kernels": True} if llm_kernels else None)
+    records = checked.fold.kv_cache
+    assert records and all(r.rewritten for r in records), [r.describe() for r in records]
+    ops = checked.folded.ops_outside
+    stock_ops = checked.stock.ops_outside
+    # stock: GQA's repeat and SDPA's safe-softmax glue on portable, every layer
+    assert stock_ops.count("aten.expand_copy.default") >= DIMS.layers, stock_ops
+    # xnnfold: none of it; each mask built (an expand of its [1, S] row) and made additive
+    # (where) once, for every layer that reads it
+    largest = checked.folded.largest_outside
+    assert largest.get("aten.expand_copy.default", 0) <= DIMS.cache, largest
+    assert "aten.eq.Scalar" not in ops, ops
+    assert ops.count("aten.where.self") <= masks, ops
+    if llm_kernels:
+        assert all(r.kernels.startswith("llama::update_cache") for r in records)
+        assert ops.count("llama.custom_sdpa.default") == DIMS.layers, ops
+        assert "aten.index_put.default" not in ops, ops
+    else:
+        assert not any("llama" in op for op in ops), ops
+        assert ops.count("aten.index_put.default") == 2 * DIMS.layers, ops
+    return checked
+
+
+# Gemma scales its embeddings by sqrt(hidden) and ties its head: its logits come out of
+# XNNPACK 2.4e-5 off eager's in stock's .pte as in xnnfold's (accumulation order).
+TOLERANCE = {"gemma": 5e-5}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3", "gemma", "smollm"])
+def test_transformers_decode(arch):
+    seed_everything(arch)
+    check(decoder_lm.transformers_lm(arch, DIMS), tol=TOLERANCE.get(arch))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_transformers_decode_llm_kernels(arch):
+    seed_everything(arch)
+    check(decoder_lm.transformers_lm(arch, DIMS), llm_kernels=True)
+
+
+@pytest.mark.parametrize("llm_kernels", [False, True], ids=["default", "llm-kernels"])
+def test_executorch_example_llama(llm_kernels):
+    """executorch's example Llama with its plain KV cache and SDPA (index_put_, a causal mask
+    buffer indexed at the position, repeat_interleave)."""
+    pytest.importorskip("executorch.examples.models.llama.llama_transformer")
+    check(decoder_lm.executorch_llama(DIMS), llm_kernels, masks=DIMS.layers)   # a mask each
