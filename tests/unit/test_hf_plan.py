@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from xnnfold.bench import cli, hf
+from xnnfold.bench import cli, hf_plan
 from xnnfold.bench.sources import UsageError
 from xnnfold.llm.sizes import cache_sizes
 
@@ -25,23 +25,23 @@ IMAGE = dict(image_size=16, num_channels=3)
 
 
 @pytest.mark.parametrize("architecture, model_type, config, kind", [
-    ("LlamaForCausalLM", "llama", TEXT, hf.CAUSAL_LM),
-    ("GPT2LMHeadModel", "gpt2", dict(vocab_size=100, n_positions=32), hf.CAUSAL_LM),
-    ("WhisperForConditionalGeneration", "whisper", dict(max_target_positions=16), hf.WHISPER),
+    ("LlamaForCausalLM", "llama", TEXT, hf_plan.CAUSAL_LM),
+    ("GPT2LMHeadModel", "gpt2", dict(vocab_size=100, n_positions=32), hf_plan.CAUSAL_LM),
+    ("WhisperForConditionalGeneration", "whisper", dict(max_target_positions=16), hf_plan.WHISPER),
     ("T5ForConditionalGeneration", "t5", dict(vocab_size=100, is_encoder_decoder=True),
-     hf.SEQ2SEQ),
-    ("BartForConditionalGeneration", "bart", dict(TEXT, is_encoder_decoder=True), hf.SEQ2SEQ),
-    ("BertForSequenceClassification", "bert", TEXT, hf.TEXT_LOGITS),
-    ("DistilBertForMaskedLM", "distilbert", TEXT, hf.TEXT_LOGITS),
-    ("RobertaForTokenClassification", "roberta", dict(TEXT, pad_token_id=1), hf.TEXT_LOGITS),
-    ("BertModel", "bert", TEXT, hf.TEXT_BASE),
-    ("T5EncoderModel", "t5", dict(vocab_size=100), hf.TEXT_BASE),
-    ("ViTForImageClassification", "vit", IMAGE, hf.IMAGE_LOGITS),
-    ("ViTModel", "vit", IMAGE, hf.VISION_BASE),
-    ("CLIPModel", "clip", dict(text_config=TEXT, vision_config=IMAGE), hf.CLIP),
+     hf_plan.SEQ2SEQ),
+    ("BartForConditionalGeneration", "bart", dict(TEXT, is_encoder_decoder=True), hf_plan.SEQ2SEQ),
+    ("BertForSequenceClassification", "bert", TEXT, hf_plan.TEXT_LOGITS),
+    ("DistilBertForMaskedLM", "distilbert", TEXT, hf_plan.TEXT_LOGITS),
+    ("RobertaForTokenClassification", "roberta", dict(TEXT, pad_token_id=1), hf_plan.TEXT_LOGITS),
+    ("BertModel", "bert", TEXT, hf_plan.TEXT_BASE),
+    ("T5EncoderModel", "t5", dict(vocab_size=100), hf_plan.TEXT_BASE),
+    ("ViTForImageClassification", "vit", IMAGE, hf_plan.IMAGE_LOGITS),
+    ("ViTModel", "vit", IMAGE, hf_plan.VISION_BASE),
+    ("CLIPModel", "clip", dict(text_config=TEXT, vision_config=IMAGE), hf_plan.CLIP),
 ])
 def test_the_class_config_json_names_decides(tmp_path, architecture, model_type, config, kind):
-    plan = hf.plan(_folder(tmp_path, architecture, model_type, **config))
+    plan = hf_plan.plan(_folder(tmp_path, architecture, model_type, **config))
     assert (plan.kind, plan.architecture) == (kind, architecture)
 
 
@@ -55,7 +55,7 @@ def test_the_class_config_json_names_decides(tmp_path, architecture, model_type,
 def test_other_classes_are_refused_naming_the_class(tmp_path, architecture, model_type, config):
     with pytest.raises(UsageError, match=f"{architecture} \\(model type '{model_type}'\\) is "
                        "not a class xnnfold hf exports"):
-        hf.plan(_folder(tmp_path, architecture, model_type, **config))
+        hf_plan.plan(_folder(tmp_path, architecture, model_type, **config))
 
 
 def test_refused_in_well_under_a_second_without_transformers(tmp_path, capsys, monkeypatch):
@@ -79,12 +79,12 @@ def test_tokens_the_model_cannot_take(tmp_path, config, tokens, message):
     folder = _folder(tmp_path, "RobertaModel" if "pad_token_id" in config else "BertModel",
                      "roberta" if "pad_token_id" in config else "bert", **config)
     with pytest.raises(UsageError, match=message):
-        hf.plan(folder, tokens)
+        hf_plan.plan(folder, tokens)
 
 
 def test_roberta_takes_its_last_usable_position(tmp_path):
     folder = _folder(tmp_path, "RobertaModel", "roberta", **dict(TEXT, pad_token_id=1))
-    assert hf.plan(folder, 30).positions == 30
+    assert hf_plan.plan(folder, 30).positions == 30
 
 
 @pytest.mark.parametrize("options, message", [
@@ -97,9 +97,9 @@ def test_roberta_takes_its_last_usable_position(tmp_path):
 def test_cache_sizes_checked_from_the_config(tmp_path, options, message):
     folder = _folder(tmp_path, "LlamaForCausalLM", "llama", **TEXT)
     with pytest.raises(UsageError, match=message):
-        hf.plan(folder, options.pop("tokens", 8), True, **options)
+        hf_plan.plan(folder, options.pop("tokens", 8), True, **options)
     # --no-cache: no cache to size
-    assert hf.plan(folder, 8, False, **options).kind == hf.CAUSAL_LM
+    assert hf_plan.plan(folder, 8, False, **options).kind == hf_plan.CAUSAL_LM
 
 
 def test_cache_defaults():
@@ -116,4 +116,4 @@ def test_cache_defaults():
 def test_unreadable_configs(tmp_path, content, message):
     (tmp_path / "config.json").write_text(content)
     with pytest.raises(UsageError, match=message):
-        hf.plan(str(tmp_path))
+        hf_plan.plan(str(tmp_path))

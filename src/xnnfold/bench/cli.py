@@ -351,7 +351,7 @@ def _hf_arguments(parser) -> None:
 
 
 def _check_hf(args) -> None:
-    from .hf import plan     # reads config.json only: no torch, no transformers
+    from .hf_plan import plan     # reads config.json only: no torch, no transformers
 
     checks.hf_folder(args.folder, args.tokens)
     checks.at_least("--reps", args.reps)

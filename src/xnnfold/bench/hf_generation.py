@@ -2,7 +2,7 @@
 against eager and, with ``--compare``, beside stock's lowering of the same two programs.
 
 The check: a prompt of ``--tokens`` tokens through ``prefill``, then
-:data:`~xnnfold.bench.hf.CHECK_STEPS` greedy ``decode`` steps on the runtime; each step's
+:data:`~xnnfold.bench.hf_plan.CHECK_STEPS` greedy ``decode`` steps on the runtime; each step's
 logits against eager transformers' logits of the whole sequence at once (no cache), so the
 cache's update, its mask and its sharing between the two methods are all checked. The timing:
 interleaved rounds, each a prefill of the prompt and the same decode steps, medians.
@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from . import hf
+from . import hf_plan, hf_rows
 
 
 @dataclass
@@ -77,7 +77,7 @@ def compare_logits(actual: torch.Tensor, expected: torch.Tensor):
 def _check(model, generator, prompt: list) -> tuple:
     """(prefill's verdict, decode's verdict): the runtime's logits of a greedy run against
     eager's over the whole sequence."""
-    run = generator.generate(prompt, hf.CHECK_STEPS + 1, stop_at_eos=False, keep_logits=True)
+    run = generator.generate(prompt, hf_plan.CHECK_STEPS + 1, stop_at_eos=False, keep_logits=True)
     sequence = prompt + run.tokens[:-1]
     with torch.no_grad():
         eager = model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0]
@@ -109,7 +109,7 @@ def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0
 
 def export_generation(model, output: Path, compare: bool, tokens: int, reps: int, prefer: str,
                       check: bool, max_cache: Optional[int], max_prefill: Optional[int],
-                      llm_kernels: bool = False) -> "hf.Exported":
+                      llm_kernels: bool = False) -> "hf_rows.Exported":
     """The generation .pte of ``model`` written to ``output`` (``llm_kernels``: the cache's
     update and attention on executorch's LLM kernels), checked; with ``compare``, stock and
     (with ``llm_kernels``) xnnfold's default beside it, timed interleaved."""
@@ -117,14 +117,14 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     from .measure import STOCK, XNNFOLD
 
     name = type(model).__name__
-    with hf.failing_as_usage(f"{name}: the export with transformers' static cache (--no-cache "
+    with hf_rows.failing_as_usage(f"{name}: the export with transformers' static cache (--no-cache "
                              "exports its logits without a cache)"):
         generation = export_causal_lm(model, max_cache, max_prefill)
     written = XNNFOLD_LLM if llm_kernels else XNNFOLD
     variants = [STOCK, XNNFOLD] if compare else []
     if written not in variants:
         variants.append(written)
-    with hf.failing_as_usage(f"lowering {name}'s prefill and decode"):
+    with hf_rows.failing_as_usage(f"lowering {name}'s prefill and decode"):
         lowered = {variant: _lower(generation, variant, prefer) for variant in variants}
     output.write_bytes(lowered[written][0])
     generators = {variant: Generator(pte) for variant, (pte, _) in lowered.items()}
@@ -132,14 +132,14 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     prompt = torch.randint(0, generation.metadata["get_vocab_size"], (tokens,)).tolist()
     verdicts = {variant: _check(model, g, prompt) if check else (None, None)
                 for variant, g in generators.items()}
-    timed = _time(generators, prompt, hf.CHECK_STEPS, reps) if compare else {}
-    exported = hf.Exported([], [], [])
+    timed = _time(generators, prompt, hf_plan.CHECK_STEPS, reps) if compare else {}
+    exported = hf_rows.Exported([], [], [])
     for variant, (_, methods) in lowered.items():
         for index, method in enumerate(("prefill", "decode")):
             verdict = verdicts[variant][index]
             if verdict is not None and not verdict.ok and variant == written:
                 exported.wrong.append(f"{output} ({method}): {verdict}")
-            exported.rows.append(hf.row(
+            exported.rows.append(hf_rows.row(
                 method, variant, methods[method], verdict,
                 timed[variant][index] if timed else None,
                 str(output) if variant == written else ""))

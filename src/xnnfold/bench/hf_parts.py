@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import hf
+from . import hf_plan
 from .sources import UsageError
 
 
@@ -42,7 +42,7 @@ class _Call(nn.Module):
                        self.output)
 
 
-def load(plan: "hf.Plan", attention: str) -> nn.Module:
+def load(plan: "hf_plan.Plan", attention: str) -> nn.Module:
     """The class config.json names, with the folder's weights, in eval mode."""
     from .zoo import _transformers
 
@@ -81,24 +81,24 @@ def _image(config) -> torch.Tensor:
     return torch.randn(1, config.num_channels, height, width)
 
 
-def parts(plan: "hf.Plan", model: nn.Module, tokens: int) -> list:
+def parts(plan: "hf_plan.Plan", model: nn.Module, tokens: int) -> list:
     """The programs of ``model`` (loaded by :func:`load`) for ``plan``'s kind, except a causal
     LM's generation form: a causal LM here is its logits of ``tokens`` tokens, no cache."""
     from .zoo import _WhisperDecoderStep
 
     torch.manual_seed(0)
     config, kind = model.config, plan.kind
-    if kind == hf.WHISPER:
+    if kind == hf_plan.WHISPER:
         frames = 2 * config.max_source_positions
         encoder = _Call(model.model.encoder, ("input_features",), "last_hidden_state")
         return [Part("encoder", encoder, (torch.randn(1, config.num_mel_bins, frames),)),
                 Part("decoder", _WhisperDecoderStep(model).eval(),
                      (torch.randint(0, config.vocab_size, (1, tokens)),
                       torch.randn(1, config.max_source_positions, config.d_model)))]
-    if kind == hf.CAUSAL_LM:
+    if kind == hf_plan.CAUSAL_LM:
         return [Part("", _Call(model, ("input_ids",), "logits"),
                      (torch.randint(0, config.vocab_size, (1, tokens)),))]
-    if kind == hf.SEQ2SEQ:
+    if kind == hf_plan.SEQ2SEQ:
         ids, mask = _text(config, tokens)
         encoder = _Call(model.get_encoder(), ("input_ids", "attention_mask"),
                         "last_hidden_state")
@@ -108,14 +108,14 @@ def parts(plan: "hf.Plan", model: nn.Module, tokens: int) -> list:
         return [Part("encoder", encoder, (ids, mask)),
                 Part("decoder", _Seq2SeqDecoderStep(decoder),
                      (torch.randint(0, config.vocab_size, (1, tokens)), states))]
-    if kind in (hf.TEXT_LOGITS, hf.TEXT_BASE):
-        output = "logits" if kind == hf.TEXT_LOGITS else "last_hidden_state"
+    if kind in (hf_plan.TEXT_LOGITS, hf_plan.TEXT_BASE):
+        output = "logits" if kind == hf_plan.TEXT_LOGITS else "last_hidden_state"
         return [Part("", _Call(model, ("input_ids", "attention_mask"), output),
                      _text(config, tokens))]
-    if kind in (hf.IMAGE_LOGITS, hf.VISION_BASE):
-        output = "logits" if kind == hf.IMAGE_LOGITS else "last_hidden_state"
+    if kind in (hf_plan.IMAGE_LOGITS, hf_plan.VISION_BASE):
+        output = "logits" if kind == hf_plan.IMAGE_LOGITS else "last_hidden_state"
         return [Part("", _Call(model, ("pixel_values",), output), (_image(config),))]
-    if kind == hf.CLIP:
+    if kind == hf_plan.CLIP:
         text = _Call(model, ("input_ids", "attention_mask"), "pooler_output",
                      method="get_text_features")
         vision = _Call(model, ("pixel_values",), "pooler_output", method="get_image_features")

@@ -1,0 +1,148 @@
+"""What ``xnnfold hf`` exports a folder as, decided from its ``config.json`` alone, before
+torch, transformers or the weights load (:func:`plan`): the kinds :mod:`xnnfold.bench.hf`
+lists, or one line (:class:`~xnnfold.bench.sources.UsageError`) naming a class it does not
+export, or ``--tokens`` / cache sizes the model cannot take.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .sources import UsageError
+
+# What a folder's class is exported as (Plan.kind).
+CAUSAL_LM, WHISPER, SEQ2SEQ, TEXT_LOGITS, IMAGE_LOGITS, CLIP, TEXT_BASE, VISION_BASE = (
+    "causal-lm", "whisper", "seq2seq", "text-logits", "image-logits", "clip", "text", "vision")
+# Decode steps the check of a generation .pte takes after its prefill.
+CHECK_STEPS = 4
+_TEXT_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForMaskedLM")
+# RoBERTa and its kin number positions from pad_token_id + 1 (transformers'
+# create_position_ids_from_input_ids): that many of max_position_embeddings are never used.
+_POSITIONS_AFTER_PADDING = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert",
+                            "data2vec-text", "ibert", "longformer", "mpnet",
+                            "roberta-prelayernorm", "xmod", "esm", "luke"}
+_KINDS = ("a causal LM (...ForCausalLM, ...LMHeadModel), Whisper, a text seq2seq model (T5, "
+          "BART: ...ForConditionalGeneration), a text classifier or tagger "
+          f"({', '.join('...' + h for h in _TEXT_HEADS)}), an image classifier, CLIPModel, "
+          "or a base ...Model")
+
+
+@dataclass
+class Plan:
+    """What ``xnnfold hf`` exports from a folder, read from its config.json only."""
+
+    folder: str
+    kind: str
+    architecture: str
+    model_type: str
+    config: dict
+    positions: Optional[int] = None    # the longest token input the model takes, if limited
+
+    @property
+    def parts(self) -> tuple:
+        """The .pte files, by suffix ("": OUT.pte itself)."""
+        return {WHISPER: ("encoder", "decoder"), SEQ2SEQ: ("encoder", "decoder"),
+                CLIP: ("text", "vision")}.get(self.kind, ("",))
+
+
+def _read_config(folder: str) -> dict:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise UsageError(f"{folder}: no config.json (save the model with save_pretrained)")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{path}: not a readable JSON config ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0][:120]})")
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: not a JSON object")
+    return config
+
+
+def _positions(config: dict, *keys: str) -> Optional[int]:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _kind(architecture: str, config: dict) -> Optional[str]:
+    model_type = config.get("model_type", "")
+    image = "image_size" in config and "num_channels" in config
+    if model_type == "whisper":
+        return WHISPER if architecture == "WhisperForConditionalGeneration" else None
+    if architecture.endswith(("ForCausalLM", "LMHeadModel")):
+        return None if config.get("is_encoder_decoder") else CAUSAL_LM
+    if architecture.endswith("ForConditionalGeneration"):
+        text = "vocab_size" in config and not any(k in config for k in (
+            "vision_config", "audio_config", "image_size", "num_mel_bins"))
+        return SEQ2SEQ if config.get("is_encoder_decoder") and text else None
+    if architecture.endswith("ForImageClassification"):
+        return IMAGE_LOGITS if image else None
+    if architecture.endswith(_TEXT_HEADS):
+        return TEXT_LOGITS if "vocab_size" in config and not config.get(
+            "is_encoder_decoder") else None
+    if architecture == "CLIPModel":
+        return CLIP
+    if architecture == "T5EncoderModel":
+        return TEXT_BASE
+    if architecture.endswith("Model") and not config.get("is_encoder_decoder"):
+        if image:
+            return VISION_BASE
+        if "vocab_size" in config and not any(k in config for k in (
+                "vision_config", "text_config", "audio_config")):
+            return TEXT_BASE
+    return None
+
+
+def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[int] = None,
+         max_prefill: Optional[int] = None) -> Plan:
+    """What ``folder`` exports as, from its config.json alone (no torch, no weights): the
+    class its ``architectures`` names. :class:`UsageError`, one line, for a class xnnfold hf
+    does not export, or ``tokens`` or (a causal LM with a ``cache``) cache sizes the model
+    cannot take."""
+    config = _read_config(folder)
+    architectures = config.get("architectures") or []
+    model_type = str(config.get("model_type", "?"))
+    if not architectures or not isinstance(architectures[0], str):
+        raise UsageError(f"{folder}: config.json names no architecture (model type "
+                         f"{model_type!r}); save the model with save_pretrained")
+    architecture = architectures[0]
+    kind = _kind(architecture, config)
+    if kind is None:
+        raise UsageError(f"{folder}: {architecture} (model type {model_type!r}) is not a class "
+                         f"xnnfold hf exports: {_KINDS}")
+    if kind == WHISPER:
+        positions = _positions(config, "max_target_positions")
+    elif kind == CLIP:
+        positions = _positions(config.get("text_config") or {}, "max_position_embeddings")
+    else:
+        positions = _positions(config, "max_position_embeddings", "n_positions")
+        if positions is not None and model_type in _POSITIONS_AFTER_PADDING:
+            positions -= int(config.get("pad_token_id") or 0) + 1
+    if tokens < 1:
+        raise UsageError(f"--tokens {tokens}: give at least 1 token")
+    if kind not in (IMAGE_LOGITS, VISION_BASE) and positions is not None and tokens > positions:
+        raise UsageError(f"--tokens {tokens} is beyond the model's {positions} positions "
+                         f"({architecture})")
+    if kind == CAUSAL_LM and cache:
+        _check_cache(positions, tokens, max_cache, max_prefill)
+    return Plan(folder, kind, architecture, model_type, config, positions)
+
+
+def _check_cache(positions: Optional[int], tokens: int, max_cache: Optional[int],
+                 max_prefill: Optional[int]) -> None:
+    from ..llm.sizes import cache_sizes
+
+    try:
+        rows, _ = cache_sizes(positions, max_cache, max_prefill)
+    except ValueError as error:
+        raise UsageError(str(error).replace("max_cache", "--max-cache").replace(
+            "max_prefill", "--max-prefill"))
+    if tokens + CHECK_STEPS > rows:
+        raise UsageError(f"--tokens {tokens}: the check runs {tokens} + {CHECK_STEPS} "
+                         f"positions, the cache has {rows} rows (--max-cache)")
