@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test fuzz conformance clean
+.PHONY: demo test test-all fuzz conformance clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ demo: $(STAMP)
 # garbage in every test and fails there, not zeros in a young process and garbage in an old one.
 test: $(STAMP)
 	MALLOC_PERTURB_=165 $(PY) -m pytest -q -n 2 --dist worksteal --durations=5 tests
+
+# make test and the slow set (tests marked slow: more architectures and modes, the property
+# test's second half); about 25 min on 2 idle cores.
+test-all: $(STAMP)
+	XNNFOLD_SLOW_TESTS=1 MALLOC_PERTURB_=165 $(PY) -m pytest -q -n 2 --dist worksteal \
+	    --durations=5 tests
 
 # The property test's long profile: random (not derandomized), 1,000 examples by default, in two
 # processes of half as many (one per core), each printing a progress line every 25 examples;

@@ -39,8 +39,11 @@ def whisper_encoder(attention: str):
                                     mel_bins=16, attention=attention)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-@pytest.mark.parametrize("mode", ["static", "dynamic"])
+# each mode with one attention form in make test, the other two in the slow set
+@pytest.mark.parametrize("mode, attention", [
+    ("static", "sdpa"), ("dynamic", "eager"),
+    pytest.param("static", "eager", marks=pytest.mark.slow),
+    pytest.param("dynamic", "sdpa", marks=pytest.mark.slow)])
 def test_quantized_whisper_encoder(mode, attention):
     # transformers' Whisper encoder (the issue's model, small): SDPA, or the eager form's
     # matmuls around a quantized mul of the scores
@@ -70,8 +73,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("mode", ["static", "dynamic"])
+# each case in one mode in make test (both modes of the decoder layer), the rest in the slow set
+IN_MAKE_TEST = {("static", "cross"), ("static", "decoder-layer"), ("dynamic", "self"),
+                ("dynamic", "kdim-vdim"), ("dynamic", "decoder-layer")}
+
+
+@pytest.mark.parametrize("mode, case", [
+    (mode, case) if (mode, case) in IN_MAKE_TEST else
+    pytest.param(mode, case, marks=pytest.mark.slow)
+    for mode in ("static", "dynamic") for case in CASES])
 def test_quantized_mha_takes_the_per_part_int8_ideal(mode, case):
     case = CASES[case]()
     converted = quantized(case.model, case.inputs, mode)
