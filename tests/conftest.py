@@ -125,6 +125,14 @@ def _seeded_and_strict(request, monkeypatch):
         monkeypatch.setenv(STRICT_ENV, "0")
 
 
+def set_strict(monkeypatch, strict: bool) -> None:
+    """Strict mode (a give-up raises) or the users' mode (it warns) for this test."""
+    if strict:
+        monkeypatch.setenv(STRICT_ENV, "1")
+    else:
+        monkeypatch.delenv(STRICT_ENV, raising=False)
+
+
 def pytest_collection_finish(session):
     """Importing the test files must leave the suite's settings alone: a module that sets
     ``XNNFOLD_VERIFY_PROBE=0`` at import (a bench script did) turned verification off for every

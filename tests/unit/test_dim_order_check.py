@@ -11,8 +11,9 @@ from executorch.exir import to_edge
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.tensor import dim_order_from_stride
 
+from conftest import set_strict
 from xnnfold import dim_order, partitioner
-from xnnfold.errors import STRICT_ENV, StrictFallback
+from xnnfold.errors import StrictFallback
 from xnnfold.program_copy import copy_program
 from xnnfold.steps.mask_index import rewrite_mask_indexing
 
@@ -114,10 +115,7 @@ def _result(graph):
 
 @pytest.mark.parametrize("strict", [False, True], ids=["users", "strict"])
 def test_partitioner_warns_naming_each_node(monkeypatch, caplog, strict):
-    if strict:
-        monkeypatch.setenv(STRICT_ENV, "1")
-    else:
-        monkeypatch.delenv(STRICT_ENV, raising=False)
+    set_strict(monkeypatch, strict)
     found = partitioner._check_dim_orders(_result(full_rows_graph()))
     assert [c.node for c in found] == ["aten_nonzero_default", "aten_slice_copy_tensor",
                                        "aten_slice_copy_tensor_1"]
@@ -128,10 +126,7 @@ def test_partitioner_warns_naming_each_node(monkeypatch, caplog, strict):
 
 @pytest.mark.parametrize("strict", [False, True], ids=["users", "strict"])
 def test_a_failing_check_is_a_give_up(monkeypatch, caplog, strict):
-    if strict:
-        monkeypatch.setenv(STRICT_ENV, "1")
-    else:
-        monkeypatch.delenv(STRICT_ENV, raising=False)
+    set_strict(monkeypatch, strict)
 
     def broken(graph, delegated):
         raise RuntimeError("boom")

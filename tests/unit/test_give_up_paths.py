@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import set_strict
 from xnnfold import partitioner
-from xnnfold.errors import STRICT_ENV, StrictFallback
+from xnnfold.errors import StrictFallback
 
 TAG = "delegation_tag"
 
@@ -38,7 +39,7 @@ def broken_untag(monkeypatch):
 
 
 def test_copy_check_failure_keeps_stocks_partition_and_warns(monkeypatch, broken_untag, caplog):
-    monkeypatch.delenv(STRICT_ENV, raising=False)
+    set_strict(monkeypatch, False)
     graph, clone = _tagged_graph()
     result = SimpleNamespace(tagged_exported_program=SimpleNamespace(graph=graph),
                              partition_tags={"tag0": "spec"})
@@ -48,7 +49,7 @@ def test_copy_check_failure_keeps_stocks_partition_and_warns(monkeypatch, broken
 
 
 def test_copy_check_failure_raises_in_strict_mode(monkeypatch, broken_untag):
-    monkeypatch.setenv(STRICT_ENV, "1")
+    set_strict(monkeypatch, True)
     graph, clone = _tagged_graph()
     result = SimpleNamespace(tagged_exported_program=SimpleNamespace(graph=graph),
                              partition_tags={"tag0": "spec"})
@@ -59,10 +60,7 @@ def test_copy_check_failure_raises_in_strict_mode(monkeypatch, broken_untag):
 
 @pytest.mark.parametrize("strict", [False, True], ids=["users", "strict"])
 def test_own_shape_env_failure(monkeypatch, caplog, strict):
-    if strict:
-        monkeypatch.setenv(STRICT_ENV, "1")
-    else:
-        monkeypatch.delenv(STRICT_ENV, raising=False)
+    set_strict(monkeypatch, strict)
     monkeypatch.setattr(partitioner, "needs_own_shape_env", lambda program: True)
     monkeypatch.setattr(partitioner, "give_own_shape_env", _broken)
     ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
@@ -79,13 +77,6 @@ def test_own_shape_env_failure(monkeypatch, caplog, strict):
 # --------------------------------------------------------------------------------------------
 # Every give-up of the pass goes through errors.warn_or_raise: a warning naming the node and
 # the reason for users, a StrictFallback in strict mode. One test per path, in both modes.
-
-
-def set_mode(monkeypatch, strict: bool) -> None:
-    if strict:
-        monkeypatch.setenv(STRICT_ENV, "1")
-    else:
-        monkeypatch.delenv(STRICT_ENV, raising=False)
 
 
 def warnings_of(caplog) -> list:
@@ -113,7 +104,7 @@ def test_attention_failure_keeps_that_node_only(monkeypatch, caplog, strict, whe
     from xnnfold.steps import attention
     from xnnfold.program_copy import copy_program
 
-    set_mode(monkeypatch, strict)
+    set_strict(monkeypatch, strict)
     original = getattr(attention.sdpa, where)
 
     def fails_on_causal(*args):
@@ -147,7 +138,7 @@ def test_attention_failure_keeps_that_node_only(monkeypatch, caplog, strict, whe
 def test_pipeline_failure_falls_back_to_stock(monkeypatch, caplog, strict):
     from xnnfold import pipeline
 
-    set_mode(monkeypatch, strict)
+    set_strict(monkeypatch, strict)
     monkeypatch.setattr(pipeline, "canonicalize", _broken)
     ep, _ = two_attentions()
     if strict:
@@ -174,7 +165,7 @@ def _probe_with(fast_failure: Exception, verify: bool = False):
 
 @MODES
 def test_fast_probe_failure_asks_the_whole_program(monkeypatch, caplog, strict):
-    set_mode(monkeypatch, strict)
+    set_strict(monkeypatch, strict)
     ep, _ = two_attentions()
     probe = _probe_with(RuntimeError("boom"))
     if strict:
@@ -186,7 +177,7 @@ def test_fast_probe_failure_asks_the_whole_program(monkeypatch, caplog, strict):
 
 
 def test_fast_probe_failure_under_verification_is_the_folds_failure(monkeypatch):
-    set_mode(monkeypatch, False)
+    set_strict(monkeypatch, False)
     ep, _ = two_attentions()
     with pytest.raises(RuntimeError, match="boom"):
         _probe_with(RuntimeError("boom"), verify=True)(ep, [])
@@ -198,7 +189,7 @@ def test_fast_probe_known_limit_is_no_give_up(monkeypatch, caplog, strict):
     # answers exactly. A warning (it is slower), in both modes; nothing raises.
     from xnnfold.probe.cut import ProbeUnsupported
 
-    set_mode(monkeypatch, strict)
+    set_strict(monkeypatch, strict)
     ep, _ = two_attentions()
     probe = _probe_with(ProbeUnsupported("x", "an unbacked dim"))
     assert probe(ep, []) == {"whole's answer"}
@@ -211,7 +202,7 @@ def test_passthrough_fix_that_cannot_apply_keeps_stocks_partition(monkeypatch, c
     # non-default dim order. The partition keeps stock's tags, with a warning, in both modes.
     from xnnfold import passthrough
 
-    set_mode(monkeypatch, strict)
+    set_strict(monkeypatch, strict)
     graph, clone = _tagged_graph()
 
     def cannot(self, moved):
