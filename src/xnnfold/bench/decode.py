@@ -89,6 +89,8 @@ def lower_variant(name: str, lm, program, quant: str = "none") -> Variant:
         partitioner = XnnpackPartitioner(llm_kernels=True)
     elif base.endswith("-xnnfold"):
         partitioner = XnnpackPartitioner()
+    elif base.endswith("-stock-flag"):
+        partitioner = Stock(force_non_static_weights_for_f32_linear=True)
     else:
         partitioner = Stock()
     if quant != "none":

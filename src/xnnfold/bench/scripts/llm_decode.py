@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from xnnfold.bench.scripts import lower_as_users_do, parser
 
-VARIANTS = ("hf-stock", "hf-xnnfold", "hf-xnnfold-llm", "et-stock", "et-plain-stock",
-            "et-plain-xnnfold", "et-plain-xnnfold-llm")
-DEFAULT_VARIANTS = ("hf-stock", "hf-xnnfold", "hf-xnnfold-llm", "et-stock")
+VARIANTS = ("hf-stock", "hf-stock-flag", "hf-xnnfold", "hf-xnnfold-llm", "et-stock",
+            "et-plain-stock", "et-plain-xnnfold", "et-plain-xnnfold-llm")
+# stock's own flag beside stock: xnnfold must beat both
+DEFAULT_VARIANTS = ("hf-stock", "hf-stock-flag", "hf-xnnfold", "hf-xnnfold-llm", "et-stock")
 ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma", "smollm")
 NOTES = {
     "hf-stock": "transformers static cache, stock partitioner",
+    "hf-stock-flag": "transformers static cache, stock partitioner with "
+                     "force_non_static_weights_for_f32_linear",
     "hf-xnnfold": "transformers static cache, xnnfold (default kernels)",
     "hf-xnnfold-llm": "transformers static cache, xnnfold llm_kernels=True",
     "et-stock": "executorch's LLM flow (custom KV cache + llama::custom_sdpa), stock",
