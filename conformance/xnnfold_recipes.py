@@ -7,7 +7,7 @@
 in ``executorch.export.recipe_registry`` before each test, and builds it directly in two. With
 ``--xnnfold-recipes`` this plugin binds, in every loaded ``executorch*`` module (the test module
 included) whose global ``XNNPACKRecipeProvider`` is XNNPACK's class, a subclass of
-:class:`xnnfold.recipes.XnnfoldRecipeProvider` serving the backend name ``"xnnpack"``: every
+:class:`xnnfold.export.recipes.XnnfoldRecipeProvider` serving the backend name ``"xnnpack"``: every
 ``ExportRecipe.get_recipe(XNNPackRecipeType...)`` of the tests then lowers with
 ``xnnfold.XnnpackPartitioner``; the rest of the lowering (the tester, other partitioners) is
 stock. Without the option it only counts. Nothing on disk changes; the bindings are put back at
@@ -60,7 +60,7 @@ def pytest_configure(config):
     from executorch.backends.xnnpack.recipes import xnnpack_recipe_provider
 
     import xnnfold
-    from xnnfold.recipes import XnnfoldRecipeProvider
+    from xnnfold.export.recipes import XnnfoldRecipeProvider
 
     stock = xnnpack_recipe_provider.XNNPACKRecipeProvider
     config._xnnfold_recipes = {"swap": config.getoption("--xnnfold-recipes"), "stock": stock}

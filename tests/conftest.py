@@ -24,8 +24,8 @@ from xnnfold import XnnpackPartitioner
 from xnnfold.errors import STRICT_ENV, StrictFallback
 from xnnfold.probe.verified import VERIFY_ENV
 from xnnfold.steps import runtime_weight
-from xnnfold.bench.measure import STOCK, XNNFOLD, Comparison, Lowered, PteRunner, \
-    compare_outputs, lower, run_pte
+from xnnfold.pte import STOCK, XNNFOLD, Comparison, Lowered, PteRunner, compare_outputs, \
+    lower, run_pte
 
 torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
 # Every fold of the suite runs the fast probe and the whole-program probe and fails on any

@@ -9,8 +9,8 @@ from executorch.exir import to_edge, to_edge_transform_and_lower
 
 import xnnfold
 from xnnfold.steps.fold import evaluate
-from xnnfold.bench import models
-from xnnfold.bench.measure import STOCK, XNNFOLD, compare_outputs, inspect_lowered, lower, run_pte
+from xnnfold import models
+from xnnfold.pte import STOCK, XNNFOLD, compare_outputs, inspect_lowered, lower, run_pte
 
 from conftest import check_lowering, round_trip
 

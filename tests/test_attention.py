@@ -13,8 +13,7 @@ from torch import nn
 
 from conftest import LAYOUT_OPS, Sdpa, check_lowering, check_lowering_if_modified
 from test_quantized import activation_bound, quantize
-from xnnfold.bench import models
-
+from xnnfold import models
 E, HEADS, B, L, S = 16, 2, 2, 5, 7
 SCORES = B * HEADS * L * S
 # The ops stock's decomposition of SDPA leaves on portable (safe softmax, broadcast, scale).

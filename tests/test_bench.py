@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from xnnfold.bench import cli, devtools, models, report
-from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD, lower
-from xnnfold.bench.side_by_side import time_interleaved
+from xnnfold import cli, models
+
+from xnnfold.pte import devtools
+
+from xnnfold.bench import report
+from xnnfold.pte import STOCK, STOCK_FLAG, XNNFOLD, lower
+from xnnfold.pte.timing import time_interleaved
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TESTS = str(Path(__file__).resolve().parent)
@@ -32,7 +36,7 @@ def test_stderr_filter_drops_noise_only():
     # pybindings do), are dropped; a progress bar's partial updates and other lines pass.
     code = r"""
 import os, sys
-from xnnfold.bench.quiet import StderrFilter
+from xnnfold.pte.quiet import StderrFilter
 f = StderrFilter()
 for piece in (b'[', b'cpuinfo_utils.cpp', b':', b'71', b'] ', b'Reading file\n'):
     os.write(2, piece)
@@ -168,11 +172,8 @@ def test_tied_head_is_the_table_transposed_and_the_flag_takes_it():
 
 
 def test_zoo_speech_model_weight_norm_conv_is_folded():
-    from xnnfold.bench import zoo
-    try:                      # not importorskip: the zoo must import transformers itself
-        case = zoo.wav2vec2_toy()
-    except zoo.ZooUnavailable as error:
-        pytest.skip(str(error))
+    from xnnfold.models import zoo
+    case = zoo.wav2vec2_toy()   # transformers is a test requirement: no skip
     conv = case.model.model.encoder.pos_conv_embed.conv
     assert any("parametrizations" in n or "weight_g" in n for n, _ in conv.named_parameters())
     ep = torch.export.export(case.model, case.inputs)
@@ -184,11 +185,8 @@ def test_zoo_speech_model_weight_norm_conv_is_folded():
 def test_zoo_eager_export_twin_has_the_weights_and_plain_attention():
     """The variant eager-export: the same weights, exported with transformers' eager attention
     (matmul, softmax, matmul) where the model has SDPA; no lowering."""
-    from xnnfold.bench import zoo
-    try:
-        case = zoo.whisper_toy()
-    except zoo.ZooUnavailable as error:
-        pytest.skip(str(error))
+    from xnnfold.models import zoo
+    case = zoo.whisper_toy()
     twin = case.eager_export()
 
     def sdpa_calls(module):
@@ -211,7 +209,7 @@ def test_unknown_zoo_model_and_variant(tmp_path, capsys):
 
 def test_a_zoo_model_whose_package_does_not_import_is_skipped_in_one_line(tmp_path):
     code = ("import sys; sys.modules['transformers'] = None\n"
-            "from xnnfold.bench import cli\n"
+            "from xnnfold import cli\n"
             f"sys.exit(cli.main(['report', '--models', 'vit-toy', '--out', {str(tmp_path)!r}]))")
     done = _run("-c", code)
     assert done.returncode == 0, done.stderr[-2000:]

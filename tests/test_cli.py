@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from xnnfold.bench import cli, models
-from xnnfold.bench.measure import run_pte
+from xnnfold import cli, models
+from xnnfold.usage import UsageError
+from xnnfold.pte import run_pte
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_unknown_model_in_report(tmp_path, capsys):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    with pytest.raises(cli.UsageError):
+    with pytest.raises(UsageError):
         cli.main(["--debug", "explain", str(tmp_path / "nope.pt2")])
 
 
@@ -116,7 +117,7 @@ def build():
 def _xnnfold(*args, cwd, prelude=""):
     """``python -m xnnfold ARGS`` as a user runs it, from ``cwd``; ``prelude`` runs first (to
     hide a module)."""
-    code = f"{prelude}\nimport sys\nfrom xnnfold.bench.cli import main\nsys.exit(main({list(args)!r}))"
+    code = f"{prelude}\nimport sys\nfrom xnnfold.cli import main\nsys.exit(main({list(args)!r}))"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=cwd, env={**os.environ, "PYTHONPATH": SRC}, timeout=900)
 
@@ -159,13 +160,13 @@ def test_report_without_its_packages_says_so_before_any_work(user_folder):
 
 
 def test_quantize_builds_the_converted_model_of_a_factory(user_folder, monkeypatch):
-    from xnnfold.bench.sources import ModelSource
+    from xnnfold.models.sources import ModelSource
     monkeypatch.chdir(user_folder)
     case = ModelSource.of("mymodel:build", "dynamic").build()
     targets = {str(n.target) for n in case.model.graph.nodes if n.op == "call_function"}
     assert any("choose_qparams" in t for t in targets), targets      # dynamic: per call
     assert case.name == "mymodel:build int8-dynamic"
-    with pytest.raises(cli.UsageError, match="expected one of dynamic, static"):
+    with pytest.raises(UsageError, match="expected one of dynamic, static"):
         ModelSource.of("mymodel:build", "int4")
 
 
@@ -226,8 +227,8 @@ TESTS = str(Path(__file__).resolve().parent)
 
 
 def test_quantize_dynamic_lowers_checks_and_runs_a_factory(user_folder, monkeypatch, capsys):
-    from xnnfold.bench.compare import compare_outputs, quantized_tolerance
-    from xnnfold.bench.sources import ModelSource
+    from xnnfold.pte.compare import compare_outputs, quantized_tolerance
+    from xnnfold.models.sources import ModelSource
     monkeypatch.chdir(user_folder)
     out = user_folder / "q.pte"
     assert cli.main(["lower", "mymodel:build", "--quantize", "dynamic", "-o", str(out),

@@ -5,8 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold.bench import models
-
+from xnnfold import models
 from conftest import assert_all_delegated, assert_matches_ideal, check_lowering
 
 N, K, ROWS = 8, 12, 5

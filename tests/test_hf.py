@@ -1,6 +1,6 @@
 """``xnnfold hf``: transformers models saved with save_pretrained in a local folder (toy
 configs, random weights) to .pte files through xnnfold, each checked against eager on the
-runtime; a causal LM's generation-ready .pte (``xnnfold.llm``) against eager transformers'
+runtime; a causal LM's generation-ready .pte (``xnnfold.export.llm``) against eager transformers'
 greedy generation; ``xnnfold generate``."""
 
 import pytest
@@ -8,10 +8,13 @@ import torch
 from torch import nn
 
 from conftest import seed_everything
-from xnnfold.bench import cli, hf, zoo
-from xnnfold.bench.compare import compare_outputs
-from xnnfold.bench.hf_generation import compare_logits
-from xnnfold.bench.measure import run_pte
+from xnnfold import cli
+from xnnfold.export import hf
+from xnnfold.export.hf import plan as hf_plan
+from xnnfold.pte.compare import compare_outputs
+from xnnfold.export.hf.generation import compare_logits
+from xnnfold.export.transformers import import_transformers
+from xnnfold.pte import run_pte
 
 
 def _saved(folder, model):
@@ -21,10 +24,7 @@ def _saved(folder, model):
 
 @pytest.fixture(scope="module")
 def tf():
-    try:
-        return zoo._transformers()
-    except zoo.ZooUnavailable as error:
-        pytest.skip(str(error))
+    return import_transformers()      # a test requirement: a failure to import fails the tests
 
 
 def _rows(printed: str) -> dict:
@@ -130,8 +130,7 @@ def test_a_wrong_pte_exits_1_and_no_check_skips(tf, tmp_path, capsys, monkeypatc
     folder = _saved(tmp_path / "vit", tf.ViTModel(tf.ViTConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
         image_size=16, patch_size=8)))
-    from xnnfold.bench import compare
-
+    from xnnfold.pte import compare
     capsys.readouterr()                                 # save_pretrained's progress bar
     wrong = compare.Comparison(False, 1.0, 1.0, "output 0: max abs diff 1 (for the test)")
     monkeypatch.setattr(compare, "compare_outputs", lambda actual, expected: wrong)
@@ -193,7 +192,7 @@ def _generation(name, tf, tmp_path_factory):
     seed_everything(f"generation-{architecture}")
     folder = _saved(tmp_path_factory.mktemp(name), ARCHITECTURES[architecture](tf))
     pte = folder / "generate.pte"
-    plan = hf.plan(str(folder), 8, True, CACHE, PREFILL)
+    plan = hf_plan.plan(str(folder), 8, True, CACHE, PREFILL)
     exported = hf.export_folder(plan, str(pte), compare=name == "llama", reps=2,
                                 max_cache=CACHE, max_prefill=PREFILL,
                                 llm_kernels=name == LLM_KERNELS)
@@ -254,7 +253,7 @@ def test_each_method_runs_on_the_kernels_asked_for(generation):
 
 
 def test_greedy_tokens_equal_eager_transformers(generation):
-    from xnnfold.llm import Generator
+    from xnnfold.export.llm import Generator
 
     name, pte, _, eager = generation
     seed_everything(f"prompt-{name}")
@@ -294,7 +293,7 @@ def test_beside_stock_timed(generation):
 
 @pytest.mark.parametrize("generation", ["llama"], indirect=True)
 def test_methods_with_memory_of_their_own_do_not_see_the_cache(generation):
-    """Why xnnfold.llm loads with executorch.runtime (its methods share arenas): executorch's
+    """Why xnnfold.export.llm loads with executorch.runtime (its methods share arenas): executorch's
     pybindings module gives each method its own, and decode then reads a cache prefill never
     wrote."""
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
@@ -358,7 +357,7 @@ class _Counter(nn.Module):
 
 
 def _two_methods():
-    from xnnfold.llm.export import GenerationPrograms
+    from xnnfold.export.llm.export import GenerationPrograms
 
     counter = _Counter()
     with torch.no_grad():
@@ -370,7 +369,7 @@ def _two_methods():
 def test_the_buffer_written_by_one_method_is_read_by_the_other():
     from executorch.runtime import Runtime
 
-    from xnnfold.llm import lower_generation
+    from xnnfold.export.llm import lower_generation
 
     program = Runtime.get().load_program(lower_generation(_two_methods()).pte)
     first = program.load_method("prefill").execute((torch.ones(2, 4),))[0]
@@ -381,7 +380,7 @@ def test_the_buffer_written_by_one_method_is_read_by_the_other():
 def test_without_the_shared_arena_the_lowering_refuses(monkeypatch):
     from executorch.exir import ExecutorchBackendConfig
 
-    from xnnfold.llm import export
+    from xnnfold.export.llm import export
 
     monkeypatch.setattr(export, "emit_config", lambda: ExecutorchBackendConfig())
     with pytest.raises(export.CacheNotShared, match="buffer total is not at one shared place "
@@ -393,12 +392,12 @@ def test_the_pass_and_the_runtime_helper_import_no_transformers():
     import subprocess
     import sys
 
-    code = ("import sys, xnnfold.partitioner, xnnfold.llm, xnnfold.llm.runtime, "
-            "xnnfold.llm.export; from xnnfold.llm import Generator; "
+    code = ("import sys, xnnfold.partitioner, xnnfold.export.llm, xnnfold.export.llm.runtime, "
+            "xnnfold.export.llm.export; from xnnfold.export.llm import Generator; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    code = "import sys, xnnfold.partitioner; assert 'xnnfold.llm' not in sys.modules"
+    code = "import sys, xnnfold.partitioner; assert 'xnnfold.export.llm' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 

@@ -5,11 +5,9 @@ from an empty cache, each step compared with eager's; stock lowered and run besi
 import pytest
 import torch
 
-from xnnfold.bench.models import decoder_lm
+from xnnfold.models import decoder_lm
 
 from conftest import check_steps, seed_everything
-
-pytest.importorskip("transformers")
 
 DIMS = decoder_lm.Dims(hidden=64, layers=2, heads=4, kv_heads=2, vocab=256, cache=32)
 STEPS = 4
@@ -71,5 +69,4 @@ def test_transformers_decode_llm_kernels(arch):
 def test_executorch_example_llama(llm_kernels):
     """executorch's example Llama with its plain KV cache and SDPA (index_put_, a causal mask
     buffer indexed at the position, repeat_interleave)."""
-    pytest.importorskip("executorch.examples.models.llama.llama_transformer")
     check(decoder_lm.executorch_llama(DIMS), llm_kernels, masks=DIMS.layers)   # a mask each

@@ -15,8 +15,8 @@ from torch import nn
 import xnnfold
 from xnnfold import partitioner, pipeline
 from xnnfold.probe import fast as fast_probe, verified as verified_probe
-from xnnfold.bench import models
-from xnnfold.bench.measure import STOCK, XNNFOLD, compare_outputs, lower, run_pte
+from xnnfold import models
+from xnnfold.pte import STOCK, XNNFOLD, compare_outputs, lower, run_pte
 from xnnfold.probe.cut import cut_context, param_keys, signature
 from xnnfold.probe.program import build_module
 

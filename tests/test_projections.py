@@ -14,8 +14,7 @@ import xnnfold
 from conftest import (LAYOUT_OPS, GemmsOutside, assert_all_delegated, assert_matches_ideal,
                       check_lowering)
 from xnnfold import rules
-from xnnfold.bench import models
-
+from xnnfold import models
 E = 16
 
 

@@ -10,8 +10,7 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import xnnfold
-from xnnfold.bench import models
-
+from xnnfold import models
 from conftest import (GemmsOutside, LargerPte, StockPte, assert_all_delegated, check_lowering,
                       expect)
 from test_fp32_positive import K, N, ROWS, Packed
@@ -116,7 +115,7 @@ class AttentionPooling(torch.nn.Module):
 def no_more_gemms_than_the_flag(model, inputs):
     """Dynamic int8 through the shared helper, and no more GEMMs outside delegates than stock's
     flag leaves (GemmsOutside otherwise); returns the helper's result and the flag's lowering."""
-    from xnnfold.bench.measure import STOCK_FLAG, lower
+    from xnnfold.pte import STOCK_FLAG, lower
 
     converted = quantize(model.eval(), inputs, dynamic=True)
     ep = torch.export.export(converted, inputs)

@@ -10,10 +10,10 @@ import torch
 
 from conftest import check_lowering
 from test_attention import GLUE
-from xnnfold.bench import models
-from xnnfold.bench.measure import XNNFOLD, lower, run_pte
-from xnnfold.bench.scripts.quantized_attention import quantized
-from xnnfold.bench.scripts.quantized_attention import whisper_encoder as scripted_whisper_encoder
+from xnnfold import models
+from xnnfold.pte import XNNFOLD, lower, run_pte
+from xnnfold.models.sources import pt2e_quantized as quantized
+from xnnfold.models.zoo import whisper_encoder as scripted_whisper_encoder
 from xnnfold.steps.projections import quantized as int8_parts
 
 # What a quantized encoder still leaves on portable: LayerNorm (portable's fused kernel is
@@ -34,7 +34,6 @@ def fp32_matrices(lowered) -> list:
 
 def whisper_encoder(attention: str):
     """transformers' Whisper encoder, small: d_model 64, 4 heads, 64 frames of 16 mel bins."""
-    pytest.importorskip("transformers")
     return scripted_whisper_encoder(frames=64, layers=2, d_model=64, heads=4, ffn=128,
                                     mel_bins=16, attention=attention)
 

@@ -1,4 +1,4 @@
-"""executorch's export recipes through xnnfold (``xnnfold.recipes``): the recipe API lowers
+"""executorch's export recipes through xnnfold (``xnnfold.export.recipes``): the recipe API lowers
 with xnnfold's partitioner, and on ``nn.TransformerDecoderLayer`` leaves no GEMM outside
 delegates where XNNPACK's FP32 recipe leaves two."""
 
@@ -8,8 +8,8 @@ from executorch.backends.xnnpack.recipes import XNNPackRecipeType
 from executorch.export import ExportRecipe, export, recipe_registry
 
 import xnnfold
-from xnnfold.bench.measure import inspect_lowered, run_pte
-from xnnfold.recipes import XnnfoldRecipeProvider, XnnfoldRecipeType, get_recipe
+from xnnfold.pte import inspect_lowered, run_pte
+from xnnfold.export.recipes import XnnfoldRecipeProvider, XnnfoldRecipeType, get_recipe
 
 
 def test_every_recipe_type_lowers_with_xnnfold():

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import conftest
 from conftest import Fallback, NumericMismatch, Params, UsersPathDiffers, check_lowering
-from xnnfold.bench.measure import STOCK, XNNFOLD
+from xnnfold.pte import STOCK, XNNFOLD
 from xnnfold.errors import STRICT_ENV
 from xnnfold.probe import fast as fast_probe
 from xnnfold.probe import verified as verified_probe

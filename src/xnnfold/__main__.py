@@ -1,6 +1,6 @@
 import sys
 
-from .bench.cli import main
+from .cli import main
 
 # Guarded: a spawned process (the report lowers each variant in one) imports the parent's
 # __main__ module again, and must not run the command a second time.

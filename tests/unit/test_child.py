@@ -1,4 +1,4 @@
-"""xnnfold.bench.child: a function in a process of its own, as the report's lowerings and
+"""xnnfold.pte.child: a function in a process of its own, as the report's lowerings and
 ``lower --check`` run; what a pool got wrong (a dead worker's lost task, a tensor sent as
 shared memory that is gone, an earlier command's stderr)."""
 
@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from xnnfold.bench.child import Child, ChildDied
-from xnnfold.bench.quiet import StderrFilter
+from xnnfold.pte.child import Child, ChildDied
+from xnnfold.pte.quiet import StderrFilter
 
 
 def _abort(send):

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from xnnfold.bench import catalog, models, zoo
+from xnnfold.models import catalog, zoo
+
+from xnnfold import models
 from xnnfold.bench.scripts import SCRIPTS, summary
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -25,7 +27,7 @@ def _without_torch(code: str, cwd, *args: str) -> subprocess.CompletedProcess:
 
 _MAIN_EACH = """
 import io, json
-from xnnfold.bench.cli import main
+from xnnfold.cli import main
 results = []
 for argv in json.loads(sys.argv[1]):
     sys.stderr = io.StringIO()
@@ -112,7 +114,7 @@ def test_bad_input_is_one_line_and_exit_2_before_torch(folder):
 
 def test_the_check_runs_where_torch_does_not_import(folder):
     """The subprocess above cannot pass by accident: in it, work that needs torch fails."""
-    done = _without_torch("from xnnfold.bench.cli import main\n"
+    done = _without_torch("from xnnfold.cli import main\n"
                           "sys.exit(main(['lower', 'mymodel:build', '-o', 'x.pte']))", folder)
     assert done.returncode != 0 and "torch" in done.stderr, done.stderr[-2000:]
 
@@ -122,7 +124,7 @@ def test_help_and_version_without_torch(folder):
     results = _main_each([["--help"], ["--version"]] + [[c, "--help"] for c in commands],
                          folder)
     assert all(code == 0 for code, _ in results), results
-    code = ("import io, contextlib\nfrom xnnfold.bench.cli import main\n"
+    code = ("import io, contextlib\nfrom xnnfold.cli import main\n"
             "for argv in (['--version'], ['report', '--help'], ['lower', '--help'], "
             "['bench', '--help']):\n"
             "    out = io.StringIO()\n"

@@ -1,4 +1,4 @@
-"""compare_outputs (xnnfold.bench.compare), the one comparison of the tests and the report, on
+"""compare_outputs (xnnfold.pte.compare), the one comparison of the tests and the report, on
 fabricated outputs: what a max of differences hides must fail, and the report must say WRONG."""
 
 import math
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from xnnfold.bench import report, tables
-from xnnfold.bench.compare import Comparison, compare_outputs, default_tolerance
-from xnnfold.bench.sources import ModelSource
+from xnnfold.pte.compare import Comparison, compare_outputs, default_tolerance
+from xnnfold.models.sources import ModelSource
 
 EXPECTED = torch.tensor([40.0, -3.0, 0.5, 0.0])
 
@@ -175,7 +175,7 @@ def test_report_shows_the_diff_of_a_right_pte():
 
 def test_no_max_abs_diff_helper_left():
     """One comparison: the old zip-and-max helper is gone from the package and the tests."""
-    from xnnfold.bench import measure
+    from xnnfold.pte import lowering as measure
     assert not hasattr(measure, "max_abs_diff")
     root = Path(__file__).resolve().parents[2]
     users = [p for folder in ("src", "tests", "bench") for p in (root / folder).rglob("*.py")
@@ -184,9 +184,9 @@ def test_no_max_abs_diff_helper_left():
 
 
 def test_check_pte_says_why_a_pte_fails(monkeypatch):
-    """lower --check's verdict (xnnfold.bench.isolated.check_pte), the run faked: outputs that
+    """lower --check's verdict (xnnfold.pte.isolated.check_pte), the run faked: outputs that
     differ, int8 outputs within 10% of the largest, a .pte that does not run."""
-    from xnnfold.bench import isolated
+    from xnnfold.pte import isolated
     expected = torch.tensor([10.0, -4.0])
     monkeypatch.setattr(isolated, "run_isolated", lambda path, inputs: [expected + 0.2])
     verdict = isolated.check_pte("m.pte", (), expected)

@@ -7,9 +7,11 @@ import time
 
 import pytest
 
-from xnnfold.bench import cli, hf_plan
-from xnnfold.bench.sources import UsageError
-from xnnfold.llm.sizes import cache_sizes
+from xnnfold import cli
+
+from xnnfold.export.hf import plan as hf_plan
+from xnnfold.usage import UsageError
+from xnnfold.export.llm.sizes import cache_sizes
 
 
 def _folder(tmp_path, architecture, model_type, **config):

@@ -1,5 +1,7 @@
-"""The pass's modules (``src/xnnfold`` but the bench), and the whole package, import each other
-without a cycle (and the test files do not shadow each other).
+"""The package's layers import only the layers below them, without a cycle: the pass
+(``xnnfold`` but the packages below) imports none of ``pte`` (lowering, running and comparing a
+.pte), ``export``, ``models``, ``bench`` and ``cli``; the pass's tests import no ``bench``;
+and the test files do not shadow each other.
 
 The graph is read from the sources with ``ast``: every import statement counts, those under
 ``if TYPE_CHECKING:`` and inside functions included, so that a cycle cannot hide behind a
@@ -17,8 +19,13 @@ from typing import Optional
 
 import xnnfold
 
-# Not the pass: the bench (and the command line's entry point, which runs the bench's cli).
-OUTSIDE = ("xnnfold.bench", "xnnfold.__main__")
+# The layers above the pass, each importing only itself and the layers before it; the command
+# line (and its entry point) may import any of them.
+LAYERS = ("xnnfold.pte", "xnnfold.export", "xnnfold.models", "xnnfold.bench")
+OUTSIDE = (*LAYERS, "xnnfold.cli", "xnnfold.__main__")
+# The test files of the bench and the command line: the only ones that may import the bench.
+BENCH_TESTS = ("test_bench.py", "test_cli.py", "test_report_output.py", "test_command_line.py",
+               "test_compare.py")
 
 
 def modules_under(root: pathlib.Path, package: str, outside=OUTSIDE) -> dict:
@@ -122,10 +129,40 @@ def test_every_module_of_the_pass_imports():
         importlib.import_module(name)
 
 
-def test_the_pass_does_not_import_the_bench():
-    for name, path in PASS.items():
-        bench = sorted(m for m in imports_of(name, path) if m.startswith("xnnfold.bench"))
-        assert not bench, f"{name} imports {bench}"
+def _layer(module: str) -> Optional[str]:
+    return next((layer for layer in OUTSIDE if module == layer or
+                 module.startswith(layer + ".")), None)
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    """The pass imports no layer; ``pte`` the pass only; ``export`` the pass and ``pte``; ...;
+    ``cli`` anything."""
+    everything = modules_under(pathlib.Path(xnnfold.__file__).parent, "xnnfold", outside=())
+    wrong = []
+    for name, path in everything.items():
+        layer = _layer(name)
+        if layer in ("xnnfold.cli", "xnnfold.__main__"):
+            continue
+        allowed = LAYERS[:LAYERS.index(layer) + 1] if layer else ()
+        for target in imports_of(name, path) & set(everything):
+            above = _layer(target)
+            if above is not None and above not in allowed:
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_pass_tests_do_not_import_the_bench():
+    tests = pathlib.Path(__file__).resolve().parents[1]
+    wrong = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.name in BENCH_TESTS:
+            continue
+        for statement in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(statement, (ast.Import, ast.ImportFrom)):
+                named = _named(statement, "")
+                if any(n == "xnnfold.bench" or n.startswith("xnnfold.bench.") for n in named):
+                    wrong.append(f"{path.relative_to(tests)}:{statement.lineno}")
+    assert not wrong, wrong
 
 
 def _package(tmp_path, files: dict) -> dict:

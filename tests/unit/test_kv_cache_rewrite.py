@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold.bench.compare import compare_outputs
+from xnnfold.pte.compare import compare_outputs
 from xnnfold.steps import kv_cache
 from xnnfold.program_copy import copy_program
 from xnnfold.steps.kv_cache import pattern, positions

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from xnnfold.bench import charts, report, tables
-from xnnfold.bench.devtools import DELEGATE
-from xnnfold.bench.sources import ModelSource
+from xnnfold.pte.devtools import DELEGATE
+from xnnfold.models.sources import ModelSource
 
 
 def _report(model: str, **variants) -> dict:

@@ -1,3 +1,5 @@
-"""The bench: measuring lowerings (stock vs xnnfold vs ideal), the built-in and third-party
-models, the report and the command line. Apart from the pass (``xnnfold``), which needs torch
-and executorch only; this needs the ``bench`` extra (tabulate, tqdm, matplotlib)."""
+"""The bench: measurement only. The report (stock vs xnnfold vs the ideal rewrite, its tables
+and charts, :mod:`.report`), the LLM decode measurement (:mod:`.decode`) and the one-off
+scripts ``xnnfold bench NAME`` runs (:mod:`.scripts`). It lowers and runs through
+:mod:`xnnfold.pte` and builds its models from :mod:`xnnfold.models`; needs the ``bench`` extra
+(tabulate, tqdm, matplotlib)."""

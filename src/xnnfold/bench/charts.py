@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .tables import PROFILED, VARIANTS, _by_model, ms, operator_split
-from .variants import STOCK
+from ..pte.variants import STOCK
 
 
 def _pyplot():

@@ -3,7 +3,7 @@ step lowered, checked over 4 steps against eager, timed interleaved per position
 memory floor and the portable share.
 
 A *variant* is a road and a partitioner: ``hf-*`` lower transformers' static-cache export
-(:func:`xnnfold.bench.models.decoder_lm.transformers_lm`), ``et-*`` executorch's example Llama
+(:func:`xnnfold.models.decoder_lm.transformers_lm`), ``et-*`` executorch's example Llama
 (``et-stock``: its LLM flow, custom KV cache and ``llama::custom_sdpa``; ``et-plain-*``: its
 plain KV cache and SDPA).
 """
@@ -19,10 +19,10 @@ from typing import Optional
 
 import torch
 
-from .compare import compare_outputs
-from .measure import PteRunner, inspect_lowered
-from .models import decoder_lm
-from .side_by_side import time_interleaved
+from ..pte.compare import compare_outputs
+from ..pte import PteRunner, inspect_lowered
+from ..models import decoder_lm
+from ..pte.timing import time_interleaved
 
 CHECK_STEPS = 4
 
@@ -188,7 +188,7 @@ def outside_delegates(variant: Variant, position: int, tokens: int = 1) -> str:
     """Where the step's time outside XNNPACK goes, from an ETDump of a few steps: portable
     kernels and executorch's custom (``llama::``) kernels, each in ms and % of the ETDump's
     total, and the top ops."""
-    from .devtools import DELEGATE, operator_times
+    from ..pte.devtools import DELEGATE, operator_times
 
     inputs = variant.lm.step_inputs(torch.ones(1, tokens, dtype=torch.long), position)
     ops = operator_times(variant.pte, inputs, runs=5)

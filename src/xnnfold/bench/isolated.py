@@ -1,12 +1,12 @@
-"""Lower one (model, variant) in a process of its own: lowering seconds and peak RSS; and run
-a .pte in a process of its own (a .pte can abort the runtime: portable kernels assert).
+"""The report's lowerings: one (model, variant) lowered in a process of its own, for its lowering
+seconds and peak RSS, its .pte run there once (a .pte can abort the runtime).
 
 Peak memory means something only per process: a process that lowered stock first still holds
 its allocator's pages when xnnfold lowers. So each variant is lowered in a fresh process
-(:class:`xnnfold.bench.child.Child`, forked from a forkserver that imported torch and
+(:class:`xnnfold.pte.child.Child`, forked from a forkserver that imported torch and
 executorch once), which builds the model from its name (seeded), the user's factory
 (imported there by its spec, the caller's folder on ``sys.path``) or .pt2 file
-(:mod:`xnnfold.bench.sources`), exports it, lowers it, writes the .pte to a file and runs it
+(:mod:`xnnfold.models.sources`), exports it, lowers it, writes the .pte to a file and runs it
 once on the example inputs: a .pte that does not run, or aborts the process, is reported as
 such (:attr:`Lowering.run_error`) and never loaded by the parent, which times the others.
 
@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .child import Child, ChildDied
-from .variants import EAGER_EXPORT, IDEAL  # noqa: F401 - re-exported
+from ..pte.child import Child
+from ..pte.isolated import does_not_run
+from ..pte.variants import EAGER_EXPORT, IDEAL
 
 
 @dataclass
@@ -65,10 +66,10 @@ def _reset_peak_rss() -> bool:
 
 def _child(send, source, variant: str, pte_path: str, verbose: bool) -> None:
     if not verbose:
-        from .quiet import silence_python
+        from ..pte.quiet import silence_python
         silence_python()
-    from .measure import STOCK, lower, run_pte
-    from .sources import export
+    from ..pte import STOCK, lower, run_pte
+    from ..models.sources import export
 
     case = source.build()
     module = {IDEAL: case.ideal, EAGER_EXPORT: case.eager_export and case.eager_export()
@@ -99,11 +100,11 @@ def gemm_rows(lowered) -> list:
 
 
 def lower_isolated(source, variant: str, folder: str, verbose: bool = False) -> Lowering:
-    """Lower ``source`` (a :class:`~xnnfold.bench.sources.ModelSource`, or a built-in or zoo
+    """Lower ``source`` (a :class:`~xnnfold.models.sources.ModelSource`, or a built-in or zoo
     model's name) as ``variant`` in a process of its own, and run the .pte there once: its
     :attr:`~Lowering.run_error` says why it does not run. A lowering that fails raises."""
-    from .quiet import failure_summary, runtime_log
-    from .sources import ModelSource
+    from ..pte.quiet import failure_summary, runtime_log
+    from ..models.sources import ModelSource
 
     if isinstance(source, str):
         source = ModelSource(source)
@@ -120,62 +121,3 @@ def lower_isolated(source, variant: str, folder: str, verbose: bool = False) -> 
     if failure is not None:
         lowering.run_error = does_not_run(failure, failure_summary(log))
     return lowering
-
-
-def does_not_run(error: Exception, logged: str = "") -> str:
-    """One line: why a .pte does not run on the ExecuTorch runtime (the runtime's error, or
-    the signal that ended the process), with what the runtime logged about it."""
-    from .sources import first_line
-
-    said = str(error) if isinstance(error, ChildDied) else first_line(error)
-    return f"the .pte does not run on the ExecuTorch runtime: {said}" + \
-        (f" ({logged})" if logged else "")
-
-
-# what running a .pte needs, imported once by the forkserver (when this starts it)
-RUN_PRELOAD = ["torch", "executorch.extension.pybindings.portable_lib",
-               "executorch.kernels.quantized"]
-
-
-def _run_child(send, pte_path: str, inputs: tuple) -> None:
-    from .quiet import silence_python
-    from .measure import run_pte
-
-    silence_python()
-    with open(pte_path, "rb") as file:
-        send(run_pte(file.read(), inputs))
-
-
-def run_isolated(pte_path: str, inputs: tuple) -> list:
-    """The outputs of the .pte at ``pte_path`` on ``inputs``, run in a process of its own: a
-    .pte that aborts the runtime ends that process, not this one. Raises ``RuntimeError`` with
-    :func:`does_not_run`'s line when it does not run."""
-    from .quiet import failure_summary, runtime_log
-
-    with runtime_log() as log, Child(_run_child, pte_path, inputs, preload=RUN_PRELOAD) as child:
-        try:
-            return child.receive()
-        except Exception as error:  # noqa: BLE001 - said in one line
-            failure = error
-    raise RuntimeError(does_not_run(failure, failure_summary(log)))
-
-
-def check_pte(pte_path: str, inputs: tuple, expected, quantized: bool = False):
-    """The .pte at ``pte_path`` run on ``inputs`` in a process of its own
-    (:func:`run_isolated`) and compared with ``expected`` (eager's outputs) by
-    ``compare_outputs``; a PT2E-quantized model's with
-    :func:`~xnnfold.bench.compare.quantized_tolerance`. A :class:`Comparison`: not ok, with
-    :func:`does_not_run`'s line as its reason, when the .pte does not run."""
-    import math
-
-    from .compare import Comparison, compare_outputs, quantized_tolerance
-
-    try:
-        outputs = run_isolated(pte_path, inputs)
-    except RuntimeError as error:
-        return Comparison(False, math.nan, math.nan, str(error))
-    verdict = compare_outputs(outputs, expected,
-                              **(quantized_tolerance(expected) if quantized else {}))
-    if not verdict.ok:
-        verdict.reason = f"its outputs differ from eager's: {verdict.reason}"
-    return verdict

@@ -3,9 +3,9 @@ constant_prop_pass).
 
 For each model: GEMMs outside delegates, delegate calls, ops left outside delegates (executorch's
 ``get_delegation_info``), .pte bytes, outputs vs eager (the max abs diff, or WRONG and why:
-:func:`xnnfold.bench.compare.compare_outputs`), lowering seconds and peak RSS (each variant
-lowered in a process of its own, :mod:`xnnfold.bench.isolated`), latency on the ExecuTorch
-runtime, and where the time goes (ETDump, :func:`xnnfold.bench.devtools.operator_times`).
+:func:`xnnfold.pte.compare.compare_outputs`), lowering seconds and peak RSS (each variant
+lowered in a process of its own, :mod:`xnnfold.pte.isolated`), latency on the ExecuTorch
+runtime, and where the time goes (ETDump, :func:`xnnfold.pte.devtools.operator_times`).
 
 Latency: all variants are loaded in this process, warmed up, then timed in rounds; every round
 runs each variant once, in an order shuffled anew (seeded), so that no variant always runs
@@ -29,13 +29,14 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from . import catalog
-from .isolated import EAGER_EXPORT, IDEAL, lower_isolated
+from ..models import catalog
+from ..pte.variants import EAGER_EXPORT, IDEAL
+from .isolated import lower_isolated
 from .charts import plot, plot_operator_times
-from .compare import quantized_tolerance
-from .measure import STOCK, PteRunner, compare_outputs
-from .side_by_side import time_interleaved
-from .sources import first_line
+from ..pte.compare import quantized_tolerance
+from ..pte import STOCK, PteRunner, compare_outputs
+from ..pte.timing import time_interleaved
+from ..usage import first_line
 from .tables import PROFILED, VARIANTS, markdown
 
 SCHEMA_VERSION = 3                   # 3: outputs_ok, mismatch, max_rel_diff
@@ -101,10 +102,10 @@ def _lower_row(source, variant: str, case, expected, folder: str, verbose: bool)
 
 def measure_model(source, reps: int, variants=VARIANTS, seed: int = 0, profile: bool = True,
                   folder: Optional[str] = None, progress=None, verbose: bool = False) -> list:
-    """Rows for every variant of one model: a :class:`~xnnfold.bench.sources.ModelSource`, or
+    """Rows for every variant of one model: a :class:`~xnnfold.models.sources.ModelSource`, or
     a built-in or zoo model's name."""
-    from .devtools import operator_times
-    from .sources import ModelSource, export
+    from ..pte.devtools import operator_times
+    from ..models.sources import ModelSource, export
 
     source = ModelSource(source) if isinstance(source, str) else source
     case = source.build()
@@ -148,7 +149,7 @@ def variants_of(case, variants) -> list:
 def model_names(size: str, names: Optional[list] = None) -> list:
     """``names`` checked (built-in and zoo names, factories and .pt2 files), or the ``size``
     set's names."""
-    from .sources import is_user_spec
+    from ..models.sources import is_user_spec
 
     if names:
         unknown = [n for n in names if n not in catalog.KNOWN and not is_user_spec(n)]
@@ -172,8 +173,8 @@ def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20
     PT2E-quantized first. A zoo model whose package does not import is skipped, its one-line
     reason in ``report["skipped"]`` and passed to ``on_skip``. ``charts=False`` writes the
     .md and .json only (matplotlib missing)."""
-    from .sources import ModelSource
-    from .zoo import ZooUnavailable
+    from ..models.sources import ModelSource
+    from ..export.transformers import TransformersUnavailable
 
     names = model_names(size, names)
     sources = [ModelSource.of(name, quantize) for name in names]
@@ -185,7 +186,7 @@ def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20
             try:
                 rows.extend(measure_model(source, reps, variants, seed, profile,
                                           progress=progress, verbose=verbose))
-            except ZooUnavailable as error:
+            except TransformersUnavailable as error:
                 skipped[name] = str(error)
                 progress.total -= len(variants)
                 progress.refresh()

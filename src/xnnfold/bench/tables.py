@@ -7,7 +7,7 @@ import math
 
 from tabulate import tabulate
 
-from .variants import IDEAL, PROFILED, STOCK, STOCK_FLAG, VARIANTS, XNNFOLD  # noqa: F401
+from ..pte.variants import IDEAL, PROFILED, STOCK, STOCK_FLAG, VARIANTS, XNNFOLD  # noqa: F401
 
 
 def rounds_line(report: dict) -> str:
@@ -157,7 +157,7 @@ def operator_split(rows: list, top: int = 5) -> tuple:
     of a separate, instrumented pass of 5 runs: XNNPACK then profiles each of its operators,
     which makes a small model's run slower; on a loaded machine 5 runs can be far from the
     interleaved median. One number per variant, the table's, and the ETDump's proportions.)"""
-    from .devtools import DELEGATE
+    from ..pte.devtools import DELEGATE
 
     usable = [r for r in rows if r["median_ms"] and r["op_ms"] and "failed" not in r["op_ms"]
               and sum(r["op_ms"].values()) > 0]

@@ -51,7 +51,7 @@ def summary(name: str) -> str:
 def parser(file: str, doc: str) -> argparse.ArgumentParser:
     """The argument parser of the script in ``file`` (its ``__file__``): usage ``xnnfold bench
     NAME``, the docstring as description, one-line errors, defaults in the help."""
-    from ..arguments import Parser
+    from ...usage import Parser
 
     stem = Path(file).stem
     name = next((n for n, m in SCRIPTS.items() if m == stem), stem)

@@ -73,7 +73,7 @@ def whisper_part_module(part: str, model):
 
 
 def portable_share(pte: bytes, inputs: tuple) -> tuple:
-    from xnnfold.bench.devtools import DELEGATE, operator_times
+    from xnnfold.pte.devtools import DELEGATE, operator_times
 
     ops = operator_times(pte, inputs, runs=3)
     total = sum(ops.values())
@@ -83,9 +83,9 @@ def portable_share(pte: bytes, inputs: tuple) -> tuple:
 
 
 def report(variants: dict, inputs: tuple, reference: dict, rounds: int, base: str) -> None:
-    from xnnfold.bench.compare import compare_outputs
-    from xnnfold.bench.measure import PteRunner
-    from xnnfold.bench.side_by_side import time_interleaved
+    from xnnfold.pte.compare import compare_outputs
+    from xnnfold.pte import PteRunner
+    from xnnfold.pte.timing import time_interleaved
 
     runners = {name: PteRunner(lowered.pte) for name, lowered in variants.items()}
     for name, lowered in variants.items():
@@ -106,7 +106,7 @@ def report(variants: dict, inputs: tuple, reference: dict, rounds: int, base: st
 def whisper_part(part: str, rounds: int) -> None:
     import torch
 
-    from xnnfold.bench.measure import STOCK, XNNFOLD, lower
+    from xnnfold.pte import STOCK, XNNFOLD, lower
 
     torch.manual_seed(1)
     if part == "encoder":        # Whisper's encoder takes exactly 3000 frames (30 s)
@@ -130,8 +130,8 @@ def whisper_part(part: str, rounds: int) -> None:
 def demo(rounds: int) -> None:
     import torch
 
-    from xnnfold.bench.sources import build_named
-    from xnnfold.bench.measure import STOCK, XNNFOLD, lower
+    from xnnfold.models.sources import build_named
+    from xnnfold.pte import STOCK, XNNFOLD, lower
 
     for name in ("cross-attention-512", "decoder-layer-512", "self-attention-512"):
         case = build_named(name)

@@ -34,7 +34,7 @@ def _child(variant: str, layers: int, embed: int, ff: int, queue) -> None:
     from torch import nn
 
     import xnnfold
-    import xnnfold.bench.models
+    import xnnfold.models
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -54,7 +54,7 @@ def _child(variant: str, layers: int, embed: int, ff: int, queue) -> None:
     model = Stack().eval()
     if variant == "ideal":   # the same weights as plain q/k/v linears, lowered with stock
         ideal = nn.Module()
-        ideal.layers = nn.ModuleList(xnnfold.bench.models.IdealDecoderLayer(layer).eval()
+        ideal.layers = nn.ModuleList(xnnfold.models.IdealDecoderLayer(layer).eval()
                                      for layer in model.layers)
         ideal.forward = Stack.forward.__get__(ideal)
         model = ideal.eval()

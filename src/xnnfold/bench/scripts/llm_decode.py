@@ -97,7 +97,7 @@ def _ints(text: str) -> list:
 def main(argv=None) -> None:
     args = parse_args(argv)                 # --help answers before torch is imported
     lower_as_users_do()
-    from xnnfold.bench.quiet import quiet
+    from xnnfold.pte.quiet import quiet
     stderr_filter = quiet()
     from xnnfold.bench import decode as bench
     bench.one_thread()

@@ -5,7 +5,7 @@
 The quantized and DETR-style cases are the test suite's models: run it from a source checkout
 (they are imported from its tests/ folder).
 
-Per case: export once per process, then time ``xnnfold.bench.measure.lower`` (to_edge_transform
+Per case: export once per process, then time ``xnnfold.pte.lowering.lower`` (to_edge_transform
 _and_lower + to_executorch) as stock and as xnnfold, in fresh processes, interleaved (stock,
 xnnfold, stock, ...); medians and the ratio. Verification is off (XNNFOLD_VERIFY_PROBE=0). A
 variant that cannot lower the program prints "raises".
@@ -68,7 +68,7 @@ def build_parser():
 def _child(name: str, variant: str) -> None:
     import torch
     torch.set_num_threads(1)
-    from xnnfold.bench.measure import lower
+    from xnnfold.pte import lower
     ep = _case(name)
     try:
         seconds = lower(ep, variant).lower_seconds

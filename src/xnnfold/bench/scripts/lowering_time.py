@@ -5,7 +5,7 @@ against the whole-program probe.
 
 Per model, in one process and interleaved (stock, xnnfold, ideal, stock, ...), after one
 warm-up round: the seconds of ``to_edge_transform_and_lower`` + ``to_executorch``
-(``xnnfold.bench.measure.lower``), medians; then ``fold_gemm_params`` alone with the fast probe and
+(``xnnfold.pte.lowering.lower``), medians; then ``fold_gemm_params`` alone with the fast probe and
 with the whole-program probe, interleaved too. Then two programs with nothing to fold (two
 plain linears, a small CNN): xnnfold / stock. Verification is off (XNNFOLD_VERIFY_PROBE=0).
 """
@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from xnnfold.bench import catalog
+from xnnfold.models import catalog
 from xnnfold.bench.scripts import lower_as_users_do, parser
 
 
@@ -76,8 +76,8 @@ def bench_model(name: str, reps: int, compare_probes: bool = True) -> dict:
     )
 
     from xnnfold import pipeline
-    from xnnfold.bench.sources import build_named
-    from xnnfold.bench.measure import STOCK, XNNFOLD, lower
+    from xnnfold.models.sources import build_named
+    from xnnfold.pte import STOCK, XNNFOLD, lower
     from xnnfold.partitioner import fold_gemm_params
     from xnnfold.probe.verified import whole_program_probe
 
@@ -102,7 +102,7 @@ def bench_model(name: str, reps: int, compare_probes: bool = True) -> dict:
 def bench_nothing_to_fold(reps: int) -> list:
     import torch
 
-    from xnnfold.bench.measure import STOCK, XNNFOLD, lower
+    from xnnfold.pte import STOCK, XNNFOLD, lower
 
     rows = []
     for name, model, inputs in nothing_to_fold():

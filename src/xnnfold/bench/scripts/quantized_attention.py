@@ -36,15 +36,6 @@ def build_parser():
     return args
 
 
-def quantized(model, inputs: tuple, mode: str):
-    """The converted module (XNNPACK's quantizer, per channel, ``is_dynamic`` for "dynamic"),
-    calibrated on ``inputs``: the report's ``--quantize`` (:mod:`xnnfold.bench.sources`)."""
-    from xnnfold.bench.models import Case
-    from xnnfold.bench.sources import _quantized
-
-    return _quantized(Case("model", model, inputs), mode, "model").model
-
-
 def _first(model, output="last_hidden_state"):
     """``model`` returning one tensor: ``output`` of its transformers output."""
     from torch import nn
@@ -58,35 +49,6 @@ def _first(model, output="last_hidden_state"):
             return getattr(self.model(*args, return_dict=True), output)
 
     return First().eval()
-
-
-def whisper_encoder(frames: int = 600, layers: int = 2, d_model: int = 384, heads: int = 6,
-                    ffn: int = 1536, mel_bins: int = 80, attention: str = "sdpa"):
-    """The issue's model: transformers' Whisper encoder, d_model 384, 6 heads, ffn 1536 (the
-    tests build a small one); ``attention``: transformers' ``attn_implementation``."""
-    import torch
-    from torch import nn
-    from transformers import WhisperConfig
-    from transformers.models.whisper.modeling_whisper import WhisperEncoder
-
-    torch.manual_seed(0)
-    config = WhisperConfig(d_model=d_model, encoder_layers=layers, encoder_attention_heads=heads,
-                           encoder_ffn_dim=ffn, num_mel_bins=mel_bins, vocab_size=1000,
-                           max_source_positions=frames // 2, pad_token_id=0, bos_token_id=1,
-                           eos_token_id=2, decoder_start_token_id=1,
-                           attn_implementation=attention)
-    encoder = WhisperEncoder(config).eval()
-
-    class Encoder(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.encoder = encoder
-
-        def forward(self, features):
-            return self.encoder(input_features=features).last_hidden_state
-
-    torch.manual_seed(1)
-    return Encoder().eval(), (torch.randn(1, mel_bins, frames),)
 
 
 def vit():
@@ -125,8 +87,8 @@ MODELS = {"vit": vit, "bert": bert, "wav2vec2": wav2vec2}
 
 def compare_variants(name: str, ep, inputs: tuple, reference, variants, rounds: int) -> dict:
     """Lower, check against ``reference``, time interleaved, profile; print one line each."""
-    from xnnfold.bench.measure import STOCK, PteRunner, lower
-    from xnnfold.bench.side_by_side import time_interleaved
+    from xnnfold.pte import STOCK, PteRunner, lower
+    from xnnfold.pte.timing import time_interleaved
 
     lowered, runners = {}, {}
     for variant in variants:
@@ -172,7 +134,7 @@ def etdump_interleaved(lowered: dict, inputs: tuple, blocks: int = 5, runs: int 
     """{variant: (ms per run, of which portable, top portable ops)} from ETDumps taken in
     ``blocks`` rounds that visit every variant in turn (the machine's drift then hits all
     alike); medians over the blocks."""
-    from xnnfold.bench.devtools import DELEGATE, operator_times
+    from xnnfold.pte.devtools import DELEGATE, operator_times
 
     totals: dict = {v: [] for v in lowered}
     portables: dict = {v: [] for v in lowered}
@@ -190,11 +152,13 @@ def etdump_interleaved(lowered: dict, inputs: tuple, blocks: int = 5, runs: int 
 
 def run_whisper(rounds: int) -> None:
     import torch
-    from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD
+    from xnnfold.models.sources import pt2e_quantized
+    from xnnfold.models.zoo import whisper_encoder
+    from xnnfold.pte import STOCK, STOCK_FLAG, XNNFOLD
 
     for mode in ("static", "dynamic"):
         model, inputs = whisper_encoder()
-        converted = quantized(model, inputs, mode)
+        converted = pt2e_quantized(model, inputs, mode)
         with torch.no_grad():
             reference = converted(*inputs)
         compare_variants(f"whisper-encoder {mode}", torch.export.export(converted, inputs),
@@ -203,11 +167,12 @@ def run_whisper(rounds: int) -> None:
 
 def run_models(rounds: int) -> None:
     import torch
-    from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD
+    from xnnfold.models.sources import pt2e_quantized
+    from xnnfold.pte import STOCK, STOCK_FLAG, XNNFOLD
 
     for name, build in MODELS.items():
         model, inputs = build()
-        converted = quantized(model, inputs, "static")
+        converted = pt2e_quantized(model, inputs, "static")
         with torch.no_grad():
             reference = converted(*inputs)
         compare_variants(f"{name} static", torch.export.export(converted, inputs), inputs,
@@ -218,8 +183,9 @@ def run_mha() -> None:
     """Delegate calls, int8 weights, .pte and outputs: the MHA cases, stock and xnnfold, and
     the per-part ideal (separate q/k/v linears) lowered with both."""
     import torch
-    from xnnfold.bench import models
-    from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower
+    from xnnfold import models
+    from xnnfold.models.sources import pt2e_quantized
+    from xnnfold.pte import STOCK, XNNFOLD, PteRunner, lower
 
     cases = {"self": lambda: models.attention_case("self"),
              "cross": lambda: models.attention_case("cross"),
@@ -230,7 +196,7 @@ def run_mha() -> None:
         for name, build in cases.items():
             case = build()
             for which, module in (("", case.model), (" ideal", case.ideal)):
-                converted = quantized(module, case.inputs, mode)
+                converted = pt2e_quantized(module, case.inputs, mode)
                 with torch.no_grad():
                     reference = converted(*case.inputs)
                 ep = torch.export.export(converted, case.inputs)
@@ -299,8 +265,10 @@ def decompose_layer_norms(program, how: str):
 def run_layer_norm(rounds: int) -> None:
     import torch
     from torch import nn
-    from xnnfold.bench.measure import STOCK, XNNFOLD, PteRunner, lower
-    from xnnfold.bench.side_by_side import time_interleaved
+    from xnnfold.models.sources import pt2e_quantized
+    from xnnfold.models.zoo import whisper_encoder
+    from xnnfold.pte import STOCK, XNNFOLD, PteRunner, lower
+    from xnnfold.pte.timing import time_interleaved
 
     torch.manual_seed(0)
     norm = nn.LayerNorm(384)
@@ -326,7 +294,7 @@ def run_layer_norm(rounds: int) -> None:
               f"({median / medians['native']:.2f}x native_layer_norm)", flush=True)
     for mode in ("static", "dynamic"):
         model, inputs = whisper_encoder()
-        converted = quantized(model, inputs, mode)
+        converted = pt2e_quantized(model, inputs, mode)
         ep = torch.export.export(converted, inputs)
         runners = {}
         for how in ("native", "mean-dim"):

@@ -48,8 +48,8 @@ def tied_head(vocab: int, embed: int):
 def run(vocab=50257, embed=768, tokens=8, rounds=15):
     import torch
 
-    from xnnfold.bench.measure import STOCK, XNNFOLD, XNNFOLD_SIZE, lower
-    from xnnfold.bench.side_by_side import lower_and_time
+    from xnnfold.pte import STOCK, XNNFOLD, XNNFOLD_SIZE, lower
+    from xnnfold.pte.timing import lower_and_time
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = tied_head(vocab, embed)
@@ -68,7 +68,7 @@ def run(vocab=50257, embed=768, tokens=8, rounds=15):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from xnnfold.bench.quiet import quiet
+    from xnnfold.pte.quiet import quiet
     stderr_filter = quiet()          # before executorch's import: it prints on import
     try:
         run(args.vocab, args.embed, args.tokens, args.rounds)

@@ -87,8 +87,8 @@ def no_swap():
 def run(name="whisper-decoder", rounds=30):
     import torch
 
-    from xnnfold.bench.measure import STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE, lower
-    from xnnfold.bench.side_by_side import lower_and_time
+    from xnnfold.pte import STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE, lower
+    from xnnfold.pte.timing import lower_and_time
     torch.set_num_threads(1)
     model, inputs = build(name)
     with torch.no_grad():
@@ -109,7 +109,7 @@ def run(name="whisper-decoder", rounds=30):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from xnnfold.bench.quiet import quiet
+    from xnnfold.pte.quiet import quiet
     stderr_filter = quiet()
     try:
         run(args.model, args.rounds)

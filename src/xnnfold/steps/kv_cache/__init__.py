@@ -40,7 +40,7 @@ PORTABLE_KERNELS = "XNNPACK + portable"
 # What the default rewrite leaves outside XNNPACK, and why (explain lists it per attention).
 UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): index_put copies "
                "the whole cache and the runtime writes it back with copy_, unless to_executorch "
-               "runs with ExecutorchBackendConfig(run_reinplace_pass=True) (as xnnfold.llm's "
+               "runs with ExecutorchBackendConfig(run_reinplace_pass=True) (as xnnfold.export.llm's "
                ".pte does), which updates it in place; llm_kernels=True makes it "
                "llama::update_cache, in place")
 MASK_LEFT = "the mask is made additive on portable, once per program, on its own [L, S]"

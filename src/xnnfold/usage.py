@@ -1,10 +1,24 @@
-"""The argument parsers of the command line and of the bench's scripts: one line per error,
-defaults in the help (a leaf of the standard library: parsing comes before any heavy import)."""
+"""What a user gets when their input is wrong: one line naming the problem. The argument parsers
+of the command line and of the bench's scripts (one line per error, defaults in the help), and
+:class:`UsageError`, which the command line, the exports and the bench raise for bad input.
+A leaf of the standard library: parsing and checking come before any heavy import; the pass
+never imports it (its own failures are :mod:`xnnfold.errors`')."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+
+class UsageError(Exception):
+    """A problem with what the user gave us: one line, exit code 2."""
+
+
+def first_line(error: BaseException, width: int = 160) -> str:
+    """``Type: message`` in one line: the message's first line that says something (torchao's
+    start with an empty one), shortened to ``width``."""
+    said = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {said[0][:width] if said else '(no message)'}"
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -1,8 +1,8 @@
-"""``xnnfold hf`` on a causal LM: the generation-ready .pte (:mod:`xnnfold.llm`), checked
+"""``xnnfold hf`` on a causal LM: the generation-ready .pte (:mod:`xnnfold.export.llm`), checked
 against eager and, with ``--compare``, beside stock's lowering of the same two programs.
 
 The check: a prompt of ``--tokens`` tokens through ``prefill``, then
-:data:`~xnnfold.bench.hf_plan.CHECK_STEPS` greedy ``decode`` steps on the runtime; each step's
+:data:`~xnnfold.export.hf.plan.CHECK_STEPS` greedy ``decode`` steps on the runtime; each step's
 logits against eager transformers' logits of the whole sequence at once (no cache), so the
 cache's update, its mask and its sharing between the two methods are all checked. The timing:
 interleaved rounds, each a prefill of the prompt and the same decode steps, medians.
@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from . import hf_plan, hf_rows
+from . import plan as hf_plan, rows as hf_rows
 
 
 @dataclass
@@ -43,9 +43,9 @@ def _lower(generation, variant: str, prefer: str) -> tuple:
         XnnpackPartitioner as StockXnnpackPartitioner,
     )
 
-    from ..analysis.gemms import EDGE_GEMM_NAMES
+    from ...analysis.gemms import EDGE_GEMM_NAMES
     from ..llm import lower_generation
-    from .measure import STOCK, inspect_lowered
+    from ...pte import STOCK, inspect_lowered
 
     def outside(edge) -> dict:
         return {method: inspect_lowered(edge.exported_program(method))[:2]
@@ -68,7 +68,7 @@ def compare_logits(actual: torch.Tensor, expected: torch.Tensor):
     """``compare_outputs`` with an absolute tolerance scaled to the rows' largest logit: each
     logit is a dot product with the same hidden state, so its rounding error follows the
     row's magnitude, not its own (a logit near 0 is as far off as a large one)."""
-    from .compare import compare_outputs, default_tolerance
+    from ...pte.compare import compare_outputs, default_tolerance
 
     _, atol = default_tolerance(expected.dtype)
     return compare_outputs(actual, expected, atol=atol * max(1.0, float(expected.abs().max())))
@@ -114,7 +114,7 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     update and attention on executorch's LLM kernels), checked; with ``compare``, stock and
     (with ``llm_kernels``) xnnfold's default beside it, timed interleaved."""
     from ..llm import Generator, export_causal_lm
-    from .measure import STOCK, XNNFOLD
+    from ...pte import STOCK, XNNFOLD
 
     name = type(model).__name__
     with hf_rows.failing_as_usage(f"{name}: the export with transformers' static cache (--no-cache "

@@ -5,9 +5,7 @@ import sys
 
 import pytest
 
-from xnnfold.bench import zoo
-
-
+from xnnfold.export import transformers as guard
 @pytest.fixture
 def broken_torchvision(tmp_path, monkeypatch):
     package = tmp_path / "torchvision"
@@ -21,7 +19,7 @@ def broken_torchvision(tmp_path, monkeypatch):
 
 
 def test_hidden_inside_the_guard_only(broken_torchvision):
-    with zoo._without_broken_torchvision():
+    with guard._without_broken_torchvision():
         assert sys.modules["torchvision"] is None
         assert importlib.util.find_spec("torchvision") is None
     # afterwards the process sees torchvision as before: present, and broken
@@ -33,7 +31,7 @@ def test_hidden_inside_the_guard_only(broken_torchvision):
 
 def test_restored_when_the_body_raises(broken_torchvision):
     with pytest.raises(KeyError):
-        with zoo._without_broken_torchvision():
+        with guard._without_broken_torchvision():
             raise KeyError("x")
     assert "torchvision" not in sys.modules
 
@@ -45,7 +43,7 @@ def test_nothing_hidden_when_torchvision_loads(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "torchvision", raising=False)
     try:
-        with zoo._without_broken_torchvision():
+        with guard._without_broken_torchvision():
             assert sys.modules["torchvision"].LOADED
     finally:
         # not monkeypatch.delitem: its teardown would put the fake module back for the tests

@@ -1,8 +1,8 @@
 """The command line's arguments checked before any work: paths to write and read, model names,
 variants, a Hugging Face folder's config. Nothing here imports torch (a leaf of the standard
-library, :mod:`xnnfold.bench.catalog` and :mod:`xnnfold.bench.variants`), so a bad argument
+library, :mod:`xnnfold.models.catalog` and :mod:`xnnfold.pte.variants`), so a bad argument
 is one line and exit 2 in a fraction of a second, not after the imports or the lowering.
-Each check raises :class:`~xnnfold.bench.sources.UsageError`."""
+Each check raises :class:`~xnnfold.models.sources.UsageError`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from . import catalog
-from .sources import FACTORY_SPEC, UsageError, is_user_spec, pt2_file
-from .variants import VARIANTS
+from ..models import catalog
+from ..models.sources import FACTORY_SPEC, is_user_spec, pt2_file
+from ..usage import UsageError
+from ..pte.variants import VARIANTS
 
 
 def output_file(path: str, what: str = "the .pte to write") -> None:

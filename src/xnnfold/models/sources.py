@@ -1,9 +1,9 @@
 """Where a model comes from: a built-in or zoo name, the user's factory, or a saved .pt2.
 
 ``xnnfold report``, ``lower`` and ``explain`` take any of the three. The report lowers each
-variant in a process of its own (:mod:`xnnfold.bench.isolated`), which must rebuild the model
+variant in a process of its own (:mod:`xnnfold.pte.isolated`), which must rebuild the model
 there: a :class:`ModelSource` is what crosses the process boundary (a few strings), and
-:meth:`ModelSource.build` rebuilds the :class:`~xnnfold.bench.models.Case` on either side.
+:meth:`ModelSource.build` rebuilds the :class:`~xnnfold.models.Case` on either side.
 
 - ``package.module:function``: the function returns ``(module, example_inputs)`` or
   ``(module, example_inputs, dynamic_shapes)``; the caller's folder is importable, as with
@@ -28,19 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..usage import UsageError, first_line
+
 QUANTIZE = ("dynamic", "static")
 FACTORY_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-
-
-class UsageError(Exception):
-    """A problem with what the user gave us: one line, exit code 2."""
-
-
-def first_line(error: BaseException, width: int = 160) -> str:
-    """``Type: message`` in one line: the message's first line that says something (torchao's
-    start with an empty one), shortened to ``width``."""
-    said = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {said[0][:width] if said else '(no message)'}"
 
 
 def is_user_spec(spec: str) -> bool:
@@ -75,7 +66,7 @@ class ModelSource:
         return f"{base} int8-{self.quantize}" if self.quantize else base
 
     def build(self):
-        """The :class:`~xnnfold.bench.models.Case` (seeded for a built-in model)."""
+        """The :class:`~xnnfold.models.Case` (seeded for a built-in model)."""
         if not self.user:
             case = build_named(self.spec)
             return _quantized(case, self.quantize, self.name) if self.quantize else case
@@ -87,8 +78,8 @@ class ModelSource:
 
 
 def build_named(name: str):
-    """The built-in or zoo model ``name`` (a zoo model may raise ``zoo.ZooUnavailable``)."""
-    from .models import ALL
+    """The built-in or zoo model ``name`` (a zoo model may raise ``TransformersUnavailable``)."""
+    from .builtin import ALL
     from .zoo import ZOO
 
     factory = ALL.get(name) or ZOO.get(name)
@@ -128,7 +119,7 @@ def _in_eval_mode(module):
 def _from_factory(spec: str, cwd: Optional[str]):
     import torch
 
-    from .models import Case
+    from .case import Case
 
     module_name, function_name = spec.split(":")
     folder = cwd or str(Path.cwd())
@@ -180,7 +171,7 @@ def load_program(path: str):
 
 
 def _from_pt2(path: str):
-    from .models import Case
+    from .case import Case
 
     program = load_program(path)
     args, kwargs = program.example_inputs or ((), {})
@@ -188,6 +179,14 @@ def _from_pt2(path: str):
         raise UsageError(f"{path}: no positional example inputs saved with the program "
                          "(export it with example inputs, or give a factory)")
     return Case(Path(path).name, program.module(), tuple(args), program=program)
+
+
+def pt2e_quantized(model, inputs: tuple, mode: str):
+    """``model`` quantized by the XNNPACK PT2E quantizer (per channel, ``is_dynamic`` for
+    "dynamic"), calibrated on ``inputs``: the converted module."""
+    from .case import Case
+
+    return _quantized(Case("model", model, inputs), mode, "model").model
 
 
 def _quantized(case, mode: str, name: str):
@@ -198,7 +197,7 @@ def _quantized(case, mode: str, name: str):
         XNNPACKQuantizer, get_symmetric_quantization_config)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from .models import Case
+    from .case import Case
 
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(
         is_per_channel=True, is_dynamic=mode == "dynamic"))

@@ -1,7 +1,7 @@
 """The names of the models the report knows, without building or importing them (a leaf
 module: no torch, so that the command line rejects an unknown name at once, not after the
-imports). The builders are :data:`xnnfold.bench.models.SMALL` / ``LARGE`` and
-:data:`xnnfold.bench.zoo.ZOO`; ``tests/unit/test_catalog.py`` checks that these names are
+imports). The builders are :data:`xnnfold.models.SMALL` / ``LARGE`` and
+:data:`xnnfold.models.zoo.ZOO`; ``tests/unit/test_catalog.py`` checks that these names are
 exactly their keys."""
 
 SMALL = ("cross-attention", "different-kv", "kdim-vdim", "decoder-layer", "self-attention",

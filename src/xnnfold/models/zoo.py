@@ -2,7 +2,7 @@
 
 Installed with the optional extra ``zoo`` (``pip install -e '.[zoo]'``). Each builder imports
 its package when called; a package that does not import on this torch raises
-:class:`ZooUnavailable` with one line saying why, and the report skips the model.
+:class:`~xnnfold.export.transformers.TransformersUnavailable` with one line saying why, and the report skips the model.
 
 At their published architectures (slow to lower: out of the test suite and ``make demo``):
 - ``whisper-tiny-encoder``: transformers' Whisper at whisper-tiny's dims (d_model 384, 4+4
@@ -25,68 +25,13 @@ self- and cross-attention).
 
 from __future__ import annotations
 
-import contextlib
-import sys
 
 import torch
 from torch import nn
 
-from .models import Case
-
-
-class ZooUnavailable(RuntimeError):
-    """The package a zoo model needs does not import here (one line: which and why)."""
-
-
-@contextlib.contextmanager
-def _without_broken_torchvision():
-    """transformers imports torchvision whenever it is installed; a wheel that does not load on
-    this torch (a CUDA build: ``operator torchvision::nms does not exist``) would take every
-    transformers model down with it. None of the zoo needs it: while transformers and its model
-    modules import, a broken torchvision reads as not installed; afterwards ``sys.modules`` is
-    as it was (no process-wide change: another caller's ``import torchvision`` still fails
-    with its own error)."""
-    try:
-        import torchvision  # noqa: F401
-        broken = False
-    except Exception:  # noqa: BLE001 - whatever breaks it, the zoo does without it
-        broken = True
-    if not broken:                            # it loads: nothing to hide
-        yield
-        return
-    saved = {n: m for n, m in sys.modules.items()
-             if n == "torchvision" or n.startswith("torchvision.")}
-    for name in saved:
-        del sys.modules[name]
-    sys.modules["torchvision"] = None         # find_spec and import now say: not installed
-    try:
-        yield
-    finally:
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.modules.update(saved)
-
-
-class _Guarded:
-    """transformers, whose lazily imported names (``tf.ViTModel`` imports its modeling module)
-    are looked up with a broken torchvision hidden."""
-
-    def __init__(self, module):
-        self._module = module
-
-    def __getattr__(self, name):
-        with _without_broken_torchvision():
-            return getattr(self._module, name)
-
-
-def _transformers():
-    with _without_broken_torchvision():
-        try:
-            import transformers
-        except Exception as error:  # noqa: BLE001 - any import failure means: skip, say why
-            raise ZooUnavailable(f"transformers does not import ({type(error).__name__}: "
-                                 f"{str(error).splitlines()[0][:120]}); pip install -e '.[zoo]'")
-    return _Guarded(transformers)
+from ..export.hf.parts import WhisperDecoderStep
+from ..export.transformers import import_transformers
+from .case import Case
 
 
 class _FirstOutput(nn.Module):
@@ -115,7 +60,7 @@ def _hf_case(name: str, make, inputs: tuple) -> Case:
 
 
 def _vit(name: str, image: int, **dims) -> Case:
-    tf = _transformers()
+    tf = import_transformers()
     torch.manual_seed(1)                  # the inputs; _hf_case seeds the weights
 
     def make(attention: str) -> nn.Module:
@@ -136,7 +81,7 @@ def deit_tiny() -> Case:
 
 
 def _wav2vec2(name: str, samples: int, **dims) -> Case:
-    tf = _transformers()
+    tf = import_transformers()
     torch.manual_seed(1)
 
     def make(attention: str) -> nn.Module:
@@ -168,20 +113,6 @@ class _Whisper(nn.Module):
                           use_cache=False, return_dict=True).logits
 
 
-class _WhisperDecoderStep(nn.Module):
-    """One decoder step: the tokens so far over the encoder's states, logits out (no cache)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        # the decoder and its head only (proj_out is tied to the decoder's token table)
-        self.decoder, self.proj_out = model.model.decoder, model.proj_out
-
-    def forward(self, tokens, states):
-        hidden = self.decoder(input_ids=tokens, encoder_hidden_states=states,
-                              use_cache=False, return_dict=True).last_hidden_state
-        return self.proj_out(hidden)
-
-
 # whisper-tiny's published architecture (openai/whisper-tiny's config.json)
 WHISPER_TINY = dict(vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4,
                     decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
@@ -192,7 +123,7 @@ _WHISPER_TOKENS = dict(pad_token_id=50257, bos_token_id=50257, eos_token_id=5025
 
 
 def _whisper(attention: str, **dims) -> nn.Module:
-    tf = _transformers()
+    tf = import_transformers()
     return tf.WhisperForConditionalGeneration(tf.WhisperConfig(
         attn_implementation=attention, **dims))
 
@@ -220,7 +151,7 @@ def whisper_tiny_encoder() -> Case:
 def whisper_tiny_decoder() -> Case:
     torch.manual_seed(1)
     inputs = (torch.randint(0, 50257, (1, 8)), torch.randn(1, 1500, 384))
-    return _hf_case("whisper-tiny-decoder", lambda attention: _WhisperDecoderStep(
+    return _hf_case("whisper-tiny-decoder", lambda attention: WhisperDecoderStep(
         _whisper(attention, **WHISPER_TINY, **_WHISPER_TOKENS)), inputs)
 
 
@@ -254,3 +185,31 @@ ZOO: dict = {
     "nn-transformer": nn_transformer,
 }
 PUBLISHED = ("whisper-tiny-encoder", "whisper-tiny-decoder", "deit-tiny", "wav2vec2-base")
+
+
+def whisper_encoder(frames: int = 600, layers: int = 2, d_model: int = 384, heads: int = 6,
+                    ffn: int = 1536, mel_bins: int = 80, attention: str = "sdpa"):
+    """transformers' Whisper encoder alone, sized by the arguments (the quantized-attention
+    bench's: d_model 384, 6 heads, ffn 1536; the tests build a small one), and its features;
+    ``attention``: transformers' ``attn_implementation``."""
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    torch.manual_seed(0)
+    config = WhisperConfig(d_model=d_model, encoder_layers=layers, encoder_attention_heads=heads,
+                           encoder_ffn_dim=ffn, num_mel_bins=mel_bins, vocab_size=1000,
+                           max_source_positions=frames // 2, pad_token_id=0, bos_token_id=1,
+                           eos_token_id=2, decoder_start_token_id=1,
+                           attn_implementation=attention)
+    encoder = WhisperEncoder(config).eval()
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, features):
+            return self.encoder(input_features=features).last_hidden_state
+
+    torch.manual_seed(1)
+    return Encoder().eval(), (torch.randn(1, mel_bins, frames),)

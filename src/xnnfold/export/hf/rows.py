@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .sources import UsageError
+from ...usage import UsageError
 
 
 def pte_path(output: Path, part: str) -> Path:

@@ -1,4 +1,4 @@
-"""Greedy generation with a generation-ready .pte (:mod:`xnnfold.llm.export`) on the ExecuTorch
+"""Greedy generation with a generation-ready .pte (:mod:`xnnfold.export.llm.export`) on the ExecuTorch
 runtime, timed.
 
 The program is loaded with ``executorch.runtime.Runtime``: its methods on the host share one
@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Sequence, Union
 
 import torch
+
+from ...pte.runner import load_llm_kernels
 
 PREFILL, DECODE = "prefill", "decode"
 
@@ -76,15 +78,6 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def load_llm_kernels(pte: bytes) -> None:
-    """Register executorch's LLM kernels (``llama::update_cache``, ``llama::custom_sdpa``, in
-    the wheel's custom-ops library) if ``pte`` calls them (a .pte lowered with
-    ``llm_kernels=True``): the runtime finds them only once that library is loaded, else it
-    refuses the method (operator missing). The operator names are plain strings of the .pte."""
-    if b"llama::" in pte:
-        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
-
-
 def _constant(program, name: str, default=None):
     if name not in program.method_names:
         return default
@@ -114,7 +107,7 @@ class Generator:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         if self.max_cache < 1 or self.max_prefill < 1:
             raise NotAGenerationProgram("no get_max_context_len / get_max_seq_len constants: "
-                                        "not a .pte xnnfold.llm wrote")
+                                        "not a .pte xnnfold.export.llm wrote")
         self._prefill = self._program.load_method(PREFILL)
         self._decode = self._program.load_method(DECODE)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
@@ -104,24 +104,7 @@ def _hf_model(arch: str, dims: Dims, seed: int):
             torch.nn.init.uniform_(param, 0.5, 1.5)
         elif "bias" in name:
             torch.nn.init.normal_(param, std=0.1)
-    model.generation_config.cache_implementation = "static"
     return model
-
-
-class _LastLogits(torch.nn.Module):
-    """transformers' static-cache wrapper computing the last token's logits only (as
-    executorch's LLM flow does): its forward, with ``logits_to_keep=1``."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, input_ids=None, cache_position=None):
-        for layer in self.inner.static_cache.layers:
-            layer.cumulative_length.copy_(cache_position[0])
-        return self.inner.model(input_ids=input_ids, attention_mask=None,
-                                cache=self.inner.static_cache, use_cache=True,
-                                logits_to_keep=1).logits
 
 
 QUANTIZATIONS = ("none", "int8", "8da4w")
@@ -179,17 +162,14 @@ def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0,
     inputs ``(input_ids [1, L], cache_position [L])``, output the logits ``[1, L, vocab]``
     (``last_logits``: ``[1, 1, vocab]``, the wrapper's forward with ``logits_to_keep=1``, what
     a prefill for generation needs). ``quant``: see :data:`QUANTIZATIONS`."""
-    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+    from ..export.static_cache import with_static_cache
 
     if quant == "int8":
         return pt2e_dynamic_int8(transformers_lm(arch, dims, seed, last_logits))
     model = _hf_model(arch, dims, seed)
     if quant == "8da4w":
         _quantized_8da4w(model)
-    wrapper = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=dims.cache)
-    inner = wrapper.model          # TorchExportableModuleWithStaticCache: holds the buffers
-    if last_logits:
-        inner = _LastLogits(inner)
+    inner = with_static_cache(model, dims.cache, last_logits)    # holds the cache buffers
     pristine = copy.deepcopy(inner)
 
     def step_inputs(tokens: torch.Tensor, position: int) -> tuple:

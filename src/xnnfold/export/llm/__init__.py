@@ -1,6 +1,6 @@
 """Text generation with a transformers causal LM on ExecuTorch: a generation-ready .pte
-(``prefill`` and ``decode`` over one static KV cache, :mod:`xnnfold.llm.export`) and greedy
-decoding on the runtime with prefill and decode timed (:mod:`xnnfold.llm.runtime`).
+(``prefill`` and ``decode`` over one static KV cache, :mod:`xnnfold.export.llm.export`) and greedy
+decoding on the runtime with prefill and decode timed (:mod:`xnnfold.export.llm.runtime`).
 
 The names below import on first use (PEP 562): importing this package imports nothing heavy;
 the export imports transformers when called, the runtime executorch's runtime when a .pte is

@@ -6,7 +6,7 @@ What is exported is the class the folder's ``config.json`` names (``architecture
 from config.json alone, before torch, transformers or the weights load (:func:`plan`):
 
 - a causal LM (``...ForCausalLM``, ``...LMHeadModel``): a generation-ready .pte, ``prefill``
-  and ``decode`` over transformers' static KV cache (:mod:`xnnfold.llm`); ``--no-cache``: the
+  and ``decode`` over transformers' static KV cache (:mod:`xnnfold.export.llm`); ``--no-cache``: the
   logits of ``--tokens`` tokens, no cache;
 - Whisper: the encoder on a full window and one decoder step, ``OUT.encoder.pte`` and
   ``OUT.decoder.pte``;
@@ -33,10 +33,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .hf_plan import (CAUSAL_LM, CHECK_STEPS, CLIP, IMAGE_LOGITS, SEQ2SEQ,  # noqa: F401
-                      TEXT_BASE, TEXT_LOGITS, VISION_BASE, WHISPER, Plan, plan)
-from .hf_rows import Exported, failing_as_usage, pte_path, ratios, row, table  # noqa: F401
-from .sources import UsageError
+from ...usage import UsageError
+from .plan import CAUSAL_LM, Plan
+from .rows import Exported, failing_as_usage, pte_path, ratios, row
 
 
 def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 8,
@@ -49,14 +48,14 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
     generation-ready unless ``cache`` is False (``max_cache``/``max_prefill``: its sizes;
     ``llm_kernels``: its cache on executorch's LLM kernels, see
     :class:`~xnnfold.XnnpackPartitioner`)."""
-    from . import hf_parts
+    from . import parts as hf_parts
 
     output_path = Path(output)
     if not output_path.parent.exists():
         raise UsageError(f"{output}: folder {output_path.parent} does not exist")
     model = hf_parts.load(plan, attention)
     if plan.kind == CAUSAL_LM and cache:
-        from .hf_generation import export_generation
+        from .generation import export_generation
         exported = export_generation(model, output_path, compare, tokens, reps, prefer, check,
                                      max_cache, max_prefill, llm_kernels)
     else:
@@ -72,9 +71,9 @@ def _export_part(part, destination: Path, exported: Exported, compare: bool, rep
                  prefer: str, check: bool) -> None:
     import torch
 
-    from .compare import compare_outputs
-    from .measure import STOCK, XNNFOLD, PteRunner, lower
-    from .side_by_side import time_interleaved
+    from ...pte.compare import compare_outputs
+    from ...pte import STOCK, XNNFOLD, PteRunner, lower
+    from ...pte.timing import time_interleaved
 
     with torch.no_grad():
         expected = part.module(*part.inputs)

@@ -17,7 +17,7 @@ Both methods are exported from that one module, so they name the same buffers:
 only). The two methods share the cache: the program is emitted with executorch's
 ``MemoryPlanningPass(share_mutable_buffers=True)``, which places every mutable buffer at the
 same offset of a memory arena of its own (mem_id 2) in both methods. A runtime that gives each
-method its own planned memory does not share it: :mod:`xnnfold.llm.runtime` loads the program
+method its own planned memory does not share it: :mod:`xnnfold.export.llm.runtime` loads the program
 with ``executorch.runtime.Runtime`` (its host methods share one set of arenas), as a C++ app
 does with ``Module(..., share_memory_arenas=true)``; the pybindings'
 ``_load_for_executorch_from_buffer`` gives each method its own (decode then reads an empty
@@ -30,7 +30,6 @@ transformers is imported by the functions that need it, never by importing this 
 
 from __future__ import annotations
 
-import copy
 import inspect
 from dataclasses import dataclass, field
 from typing import Optional
@@ -38,6 +37,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..static_cache import with_static_cache
 from .sizes import cache_sizes
 
 PREFILL, DECODE = "prefill", "decode"
@@ -51,19 +51,6 @@ class GenerationPrograms:
     metadata: dict = field(default_factory=dict)
     max_cache: int = 0
     max_prefill: int = 0
-
-
-class _HeadOnLastPosition(nn.Module):
-    """The causal LM called with ``logits_to_keep=1``: the output head on the last position
-    only (prefill's T-1 other rows of logits are never read; the head is often the largest
-    GEMM of a small model)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, **kwargs):
-        return self.model(**kwargs, logits_to_keep=1)
 
 
 def _text_config(model):
@@ -81,7 +68,7 @@ def positions_of(model) -> Optional[int]:
 
 
 def sizes(model, max_cache: Optional[int] = None, max_prefill: Optional[int] = None) -> tuple:
-    """(cache rows, longest prefill) of ``model``: :func:`xnnfold.llm.sizes.cache_sizes`."""
+    """(cache rows, longest prefill) of ``model``: :func:`xnnfold.export.llm.sizes.cache_sizes`."""
     return cache_sizes(positions_of(model), max_cache, max_prefill)
 
 
@@ -105,23 +92,6 @@ def _metadata(model, max_cache: int, max_prefill: int) -> dict:
     return metadata
 
 
-def _exportable(model, max_cache: int) -> nn.Module:
-    """transformers' exportable module around ``model`` (static cache, batch 1). The model's
-    generation config is the caller's: it is set to a static cache only while the wrapper is
-    built (the wrapper checks it then), then restored."""
-    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
-
-    saved = model.generation_config
-    model.generation_config = copy.deepcopy(saved)
-    model.generation_config.cache_implementation = "static"
-    model.generation_config.use_cache = True
-    try:
-        return TorchExportableModuleForDecoderOnlyLM(model, batch_size=1,
-                                                     max_cache_len=max_cache).model
-    finally:
-        model.generation_config = saved
-
-
 def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
                      max_prefill: Optional[int] = None, example_tokens: int = 4
                      ) -> GenerationPrograms:
@@ -138,11 +108,10 @@ def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
         # One wrapper per method: each export traces its own cache buffers (same names, so the
         # lowered methods share them), and neither trace sees the other's state.
         decode = torch.export.export(
-            _exportable(model, max_cache), (),
+            with_static_cache(model, max_cache), (),
             {"input_ids": torch.zeros(1, 1, dtype=torch.long),
              "cache_position": torch.zeros(1, dtype=torch.long)}, strict=True)
-        stepper = _exportable(model, max_cache)
-        stepper.model = _HeadOnLastPosition(stepper.model)
+        stepper = with_static_cache(model, max_cache, last_logits=True)
         length = torch.export.Dim("prefill_tokens", min=1, max=max_prefill)
         prefill = torch.export.export(
             stepper, (),
@@ -174,7 +143,7 @@ def lower_generation(generation: GenerationPrograms, partitioner_class=None,
     from executorch.exir import to_edge_transform_and_lower
 
     if partitioner_class is None:
-        from ..partitioner import XnnpackPartitioner as partitioner_class
+        from ...partitioner import XnnpackPartitioner as partitioner_class
     partitioners = {name: partitioner_class(**(partitioner_kwargs or {}))
                     for name in generation.programs}
     edge = to_edge_transform_and_lower(

@@ -20,11 +20,7 @@ from torch.export.graph_signature import InputKind
 
 from ..analysis.gemms import EDGE_GEMM_NAMES, EDGE_SPLIT_NAMES, op_name, source_module
 from ..partitioner import XnnpackPartitioner
-# The one comparison of outputs, for the tests and the report (re-exported here).
-from .compare import Comparison, compare_outputs, default_tolerance  # noqa: F401
-
-# Variants of lowering one exported program (their names: a leaf module, re-exported here).
-from .variants import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE  # noqa: F401
+from .variants import CONSTANT_PROP, STOCK, STOCK_FLAG, XNNFOLD, XNNFOLD_SIZE
 _FLAG = {"force_non_static_weights_for_f32_linear": True}
 _QUANT_OP_HINTS = ("quantize_per", "dequantize_per", "quantize_affine", "dequantize_affine")
 
@@ -207,27 +203,3 @@ def _numel_hint(val: torch.Tensor) -> int:
 def _has_quantized_ops(ep: ExportedProgram) -> bool:
     return any(n.op == "call_function" and any(h in op_name(n.target) for h in _QUANT_OP_HINTS)
                for n in ep.graph.nodes)
-
-
-class PteRunner:
-    """A .pte loaded on the ExecuTorch runtime. Keeps its buffer alive, as the loader needs."""
-
-    def __init__(self, pte: bytes):
-        from executorch.extension.pybindings.portable_lib import (
-            _load_for_executorch_from_buffer,
-        )
-        # the quantized ops' kernels (a PT2E-quantized .pte's quantize/dequantize left outside
-        # delegates): without them it fails with error 0x14, operator missing
-        import executorch.kernels.quantized  # noqa: F401
-
-        from ..llm.runtime import load_llm_kernels
-        load_llm_kernels(pte)          # llm_kernels=True: llama::update_cache, custom_sdpa
-        self._buffer = pte   # the loaded module does not own it
-        self._module = _load_for_executorch_from_buffer(self._buffer)
-
-    def run(self, inputs: tuple) -> list:
-        return list(self._module.forward(tuple(inputs)))
-
-
-def run_pte(pte: bytes, inputs: tuple) -> list:
-    return PteRunner(pte).run(inputs)

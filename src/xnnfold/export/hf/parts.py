@@ -1,7 +1,7 @@
-"""The programs ``xnnfold hf`` exports for each kind of model (:mod:`xnnfold.bench.hf`'s
+"""The programs ``xnnfold hf`` exports for each kind of model (:mod:`xnnfold.export.hf`'s
 plan): the class config.json names, loaded from the folder, wrapped so that tensors go in and
 the output that class is for comes out, with seeded example inputs. (A causal LM's
-generation-ready form is :mod:`xnnfold.llm`'s.)"""
+generation-ready form is :mod:`xnnfold.export.llm`'s.)"""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import hf_plan
-from .sources import UsageError
+from . import plan as hf_plan
+from ...usage import UsageError
 
 
 @dataclass
@@ -44,9 +44,9 @@ class _Call(nn.Module):
 
 def load(plan: "hf_plan.Plan", attention: str) -> nn.Module:
     """The class config.json names, with the folder's weights, in eval mode."""
-    from .zoo import _transformers
+    from ..transformers import import_transformers
 
-    tf = _transformers()
+    tf = import_transformers()
     try:
         cls = getattr(tf, plan.architecture)
     except AttributeError:
@@ -84,15 +84,13 @@ def _image(config) -> torch.Tensor:
 def parts(plan: "hf_plan.Plan", model: nn.Module, tokens: int) -> list:
     """The programs of ``model`` (loaded by :func:`load`) for ``plan``'s kind, except a causal
     LM's generation form: a causal LM here is its logits of ``tokens`` tokens, no cache."""
-    from .zoo import _WhisperDecoderStep
-
     torch.manual_seed(0)
     config, kind = model.config, plan.kind
     if kind == hf_plan.WHISPER:
         frames = 2 * config.max_source_positions
         encoder = _Call(model.model.encoder, ("input_features",), "last_hidden_state")
         return [Part("encoder", encoder, (torch.randn(1, config.num_mel_bins, frames),)),
-                Part("decoder", _WhisperDecoderStep(model).eval(),
+                Part("decoder", WhisperDecoderStep(model).eval(),
                      (torch.randint(0, config.vocab_size, (1, tokens)),
                       torch.randn(1, config.max_source_positions, config.d_model)))]
     if kind == hf_plan.CAUSAL_LM:
@@ -134,3 +132,17 @@ class _Seq2SeqDecoderStep(nn.Module):
 
     def forward(self, tokens, states):
         return self.call(tokens, (states,))
+
+
+class WhisperDecoderStep(nn.Module):
+    """One decoder step: the tokens so far over the encoder's states, logits out (no cache)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        # the decoder and its head only (proj_out is tied to the decoder's token table)
+        self.decoder, self.proj_out = model.model.decoder, model.proj_out
+
+    def forward(self, tokens, states):
+        hidden = self.decoder(input_ids=tokens, encoder_hidden_states=states,
+                              use_cache=False, return_dict=True).last_hidden_state
+        return self.proj_out(hidden)

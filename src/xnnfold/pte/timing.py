@@ -9,7 +9,7 @@ import statistics
 import time
 
 from .compare import compare_outputs
-from .measure import PteRunner
+from .runner import PteRunner
 
 
 def time_interleaved(runners: dict, inputs: tuple, rounds: int, seed: int = 0,

@@ -1,6 +1,6 @@
 """What ``xnnfold hf`` exports a folder as, decided from its ``config.json`` alone, before
-torch, transformers or the weights load (:func:`plan`): the kinds :mod:`xnnfold.bench.hf`
-lists, or one line (:class:`~xnnfold.bench.sources.UsageError`) naming a class it does not
+torch, transformers or the weights load (:func:`plan`): the kinds :mod:`xnnfold.export.hf`
+lists, or one line (:class:`~xnnfold.models.sources.UsageError`) naming a class it does not
 export, or ``--tokens`` / cache sizes the model cannot take.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .sources import UsageError
+from ...usage import UsageError
 
 # What a folder's class is exported as (Plan.kind).
 CAUSAL_LM, WHISPER, SEQ2SEQ, TEXT_LOGITS, IMAGE_LOGITS, CLIP, TEXT_BASE, VISION_BASE = (

@@ -8,11 +8,11 @@ its own under the backend name ``"xnnfold"``, with the same recipe types, quanti
 ExecuTorch configs, and ``xnnfold.XnnpackPartitioner`` as the one difference::
 
     from executorch.export import ExportRecipe, export
-    from xnnfold.recipes import XnnfoldRecipeType
+    from xnnfold.export.recipes import XnnfoldRecipeType
 
     session = export(model, [inputs], export_recipe=ExportRecipe.get_recipe(XnnfoldRecipeType.FP32))
 
-or ``xnnfold.recipes.get_recipe(XNNPackRecipeType.FP32)`` (either type). Importing this module
+or ``xnnfold.export.recipes.get_recipe(XNNPackRecipeType.FP32)`` (either type). Importing this module
 registers the provider (as importing ``executorch.backends.xnnpack.recipes`` registers
 XNNPACK's); executorch's own ``"xnnpack"`` provider is left as it is.
 """
@@ -26,7 +26,7 @@ from executorch.backends.xnnpack.recipes.xnnpack_recipe_types import XNNPackReci
 from executorch.backends.xnnpack.utils.configs import get_xnnpack_edge_compile_config
 from executorch.export import ExportRecipe, LoweringRecipe, RecipeType, recipe_registry
 
-from .partitioner import XnnpackPartitioner
+from ..partitioner import XnnpackPartitioner
 
 BACKEND = "xnnfold"
 

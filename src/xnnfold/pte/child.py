@@ -1,5 +1,5 @@
 """A function run in a process of its own, forked from a forkserver: what the report's
-lowerings (:mod:`xnnfold.bench.isolated`) and ``xnnfold lower --check`` use.
+lowerings (:mod:`xnnfold.pte.isolated`) and ``xnnfold lower --check`` use.
 
 Why not ``multiprocessing.Pool``: a pool worker that dies (a .pte that aborts the runtime, the
 OOM killer) or that Ctrl-C interrupts (the terminal sends SIGINT to the whole process group,
@@ -27,7 +27,7 @@ import signal
 import threading
 from multiprocessing import forkserver
 
-PRELOAD = ["xnnfold.bench.measure"]     # torch, executorch.exir and xnnfold's pass
+PRELOAD = ["xnnfold.pte.lowering"]     # torch, executorch.exir and xnnfold's pass
 _POLL_SECONDS = 0.1
 
 
@@ -65,7 +65,7 @@ class _ParentStderr:
     """The parent's file descriptor 2 as it is when the child starts, for the child to write
     to. A forkserver child inherits the server's, which is the one of the command that
     started the server: in a process that runs several commands (the tests, a library user),
-    an earlier command's closed filter pipe (:mod:`xnnfold.bench.quiet`); the runtime's log
+    an earlier command's closed filter pipe (:mod:`xnnfold.pte.quiet`); the runtime's log
     lines then fail to write through ``sys.stderr`` inside C++ and abort the child."""
 
     def __init__(self, duplicate=None):

@@ -1,0 +1,136 @@
+"""``xnnfold hf`` (a transformers folder to .pte files, :mod:`xnnfold.export.hf`) and
+``xnnfold generate`` (greedy decoding with a generation .pte, :mod:`xnnfold.export.llm`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import checks
+from ..usage import UsageError
+from .command import Command, CommandFailed, LLM_KERNELS_HELP, require
+
+
+def _hf_arguments(parser) -> None:
+    parser.add_argument("folder", help="the folder save_pretrained wrote (config.json, weights)")
+    parser.add_argument("-o", "--output", required=True, help="the .pte to write (Whisper, T5, "
+                        "BART: OUT.encoder.pte and OUT.decoder.pte; CLIP: OUT.text.pte and "
+                        "OUT.vision.pte)")
+    parser.add_argument("--compare", action="store_true",
+                        help="also lower with stock executorch; time both on the runtime")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens of a text input (a "
+                        "causal LM: the prompt of the check)")
+    parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
+                        help="transformers' attn_implementation for the export")
+    parser.add_argument("--reps", type=int, default=10, help="timed rounds with --compare")
+    parser.add_argument("--prefer", choices=["speed", "size"], default="speed",
+                        help="where speed and size trade (a tied nn.Linear head): speed keeps "
+                        "stock's choice, size stores the table once (a run-time weight)")
+    parser.add_argument("--no-check", action="store_true", help="do not run the .pte on the "
+                        "runtime against eager (checked by default; exit 1 when it differs)")
+    parser.add_argument("--no-cache", action="store_true", help="a causal LM: the logits of "
+                        "--tokens tokens, no KV cache, instead of prefill + decode")
+    parser.add_argument("--max-cache", type=int, help="a causal LM: rows of the KV cache "
+                        "(default: 1024, at most the model's positions)")
+    parser.add_argument("--max-prefill", type=int, help="a causal LM: the longest prompt one "
+                        "prefill call takes (default: 128, at most --max-cache; longer prompts "
+                        "go in as chunks)")
+    parser.add_argument("--threads", type=int, help="the runtime's threads for the check and "
+                        "the timing (default: its own, one per core)")
+    parser.add_argument("--llm-kernels", action="store_true", help="a causal LM: " +
+                        LLM_KERNELS_HELP + " (with --compare, xnnfold's default beside it)")
+
+
+def _check_hf(args) -> None:
+    from ..export.hf.plan import plan     # reads config.json only: no torch, no transformers
+
+    checks.hf_folder(args.folder, args.tokens)
+    checks.at_least("--reps", args.reps)
+    if args.threads is not None:
+        checks.at_least("--threads", args.threads)
+    checks.output_file(args.output)
+    # the class and the cache sizes first: a class hf does not export is refused as such,
+    # whether or not transformers is installed
+    args.plan = plan(args.folder, args.tokens, not args.no_cache, args.max_cache,
+                     args.max_prefill)
+    require("hf", "tabulate", "transformers", install="pip install 'xnnfold[zoo]'")
+
+
+def _cmd_hf(args) -> int:
+    from ..export import hf
+    from ..export.hf import rows as hf_rows
+
+    if args.threads is not None:
+        from ..export.llm.runtime import set_threads
+        set_threads(args.threads)
+    exported = hf.export_folder(args.plan, args.output, compare=args.compare,
+                                tokens=args.tokens, attention=args.attention, reps=args.reps,
+                                prefer=args.prefer, check=not args.no_check,
+                                cache=not args.no_cache, max_cache=args.max_cache,
+                                max_prefill=args.max_prefill, llm_kernels=args.llm_kernels)
+    print(hf_rows.table(exported.rows))
+    for note in exported.notes:
+        print(note)
+    if exported.wrong:
+        raise CommandFailed("; ".join(exported.wrong) + " (eager's outputs differ; the .pte is "
+                            "written, do not ship it)")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# generate
+
+def _generate_arguments(parser) -> None:
+    parser.add_argument("pte", help="the generation .pte `xnnfold hf` wrote for a causal LM "
+                        "(methods prefill and decode)")
+    parser.add_argument("--tokens", required=True, help="the prompt's token ids, e.g. 1,2,3")
+    parser.add_argument("--max-new", type=int, default=32, help="tokens to generate")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="do not stop at the EOS ids the .pte names")
+    parser.add_argument("--threads", type=int, help="the runtime's threads (default: its own, "
+                        "one per core)")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="time the "
+                        "first calls too (by default a prefill and one decode step run first, "
+                        "untimed)")
+
+
+def _check_generate(args) -> None:
+    try:
+        args.prompt = [int(t) for t in args.tokens.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--tokens {args.tokens!r}: expected comma-separated token ids")
+    if not args.prompt:
+        raise UsageError("--tokens: give at least one token id")
+    if args.max_new < 1:
+        raise UsageError(f"--max-new {args.max_new}: generate at least one token")
+    if args.threads is not None:
+        checks.at_least("--threads", args.threads)
+    if not Path(args.pte).is_file():
+        raise UsageError(f"{args.pte}: no such file")
+
+
+def _cmd_generate(args) -> int:
+    from ..export.llm.runtime import Generator, NotAGenerationProgram, set_threads
+
+    if args.threads is not None:
+        set_threads(args.threads)
+    try:
+        generator = Generator(args.pte)
+        if args.warmup:                   # the first calls set up XNNPACK's operators
+            generator.generate(args.prompt, 2, stop_at_eos=False)
+        result = generator.generate(args.prompt, args.max_new,
+                                    stop_at_eos=not args.ignore_eos)
+    except (NotAGenerationProgram, ValueError) as error:
+        raise UsageError(f"{args.pte}: {error}")
+    except RuntimeError as error:                  # the runtime could not load it
+        raise UsageError(f"{args.pte}: the runtime could not load it ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0][:160]})")
+    print(result.summary())
+    return 0
+
+
+HF = Command("hf", "a transformers model saved with save_pretrained to .pte through xnnfold "
+             "(the class config.json names; a causal LM generation-ready)", _hf_arguments,
+             _cmd_hf, _check_hf)
+GENERATE = Command("generate", "greedy decoding with a .pte `xnnfold hf` wrote for a causal LM; "
+                   "prints tokens/s of prefill and decode", _generate_arguments, _cmd_generate,
+                   _check_generate)
