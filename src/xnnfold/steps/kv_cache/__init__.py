@@ -32,7 +32,7 @@ from torch.export import ExportedProgram
 from ...analysis import static_inputs
 from ...errors import warn_or_raise
 from ..attention.common import Emitter
-from . import grouped, layout, llm_kernels, pattern, positions
+from . import eager, grouped, layout, llm_kernels, mask_proof, pattern, positions
 
 logger = logging.getLogger("xnnfold")
 
@@ -44,6 +44,8 @@ UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): ind
                ".pte does), which updates it in place; llm_kernels=True makes it "
                "llama::update_cache, in place")
 MASK_LEFT = "the mask is made additive on portable, once per program, on its own [L, S]"
+OPERANDS_LEFT = ("the tensors added to the scores (mask, bias) are viewed grouped on portable, "
+                 "once per program, on their own size")
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,8 @@ class _Context:
         self.masks.forget(erased)
 
     def proof(self, attention: pattern.CacheAttention, start) -> tuple:
-        """(proven causal, why not) for this attention's mask and start position."""
+        """(what the mask is proven to be, or False; why not) for this attention's mask and
+        start position (:func:`.mask_proof.prove_mask`)."""
         if attention.mask is None:
             return False, "no mask: every cache row is attended"
         if start is None:
@@ -107,10 +110,11 @@ class _Context:
         rows = attention.query.meta["val"].shape[2]      # an int, or a dynamic length
         key = (attention.mask, start, str(rows))
         if key not in self.proofs:
-            self.proofs[key] = positions.prove_mask(
+            self.proofs[key] = mask_proof.prove_mask(
                 attention.mask, start, rows, attention.key.shape[2], self.static, self.written,
                 self.numbers)
-        return self.proofs[key]
+        proven, text = self.proofs[key]
+        return (text if proven else False), (None if proven else text)
 
 
 def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False) -> list:
@@ -123,15 +127,23 @@ def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False
         llm_kernels.load_kernels()
     context, records = _Context(program), []
     for node in list(program.graph.nodes):
-        if node.op != "call_function" or node.target is not pattern.SDPA:
+        if node.op != "call_function" or node.target not in (pattern.SDPA,) + eager.SOFTMAXES:
             continue
-        match = pattern.match_attention(node, updates)
-        if match is None:
-            continue
-        if isinstance(match, str):
-            records.append(KVCacheRewrite(node.name, kept_because=match))
-            continue
-        records.append(_rewrite_one(context, match, llm_kernels_wanted))
+        # the match and the proofs too: a failure anywhere keeps this attention as stock has
+        # it (what _rewrite_one emitted is undone there), and only it
+        try:
+            match = pattern.match_attention(node, updates) if node.target is pattern.SDPA \
+                else eager.match_eager(node, updates)
+            if match is None:
+                continue
+            if isinstance(match, str):
+                records.append(KVCacheRewrite(node.name, kept_because=match))
+                continue
+            records.append(_rewrite_one(context, match, llm_kernels_wanted))
+        except Exception as error:  # noqa: BLE001 - this attention stays as stock has it
+            reason = f"internal failure, left as stock leaves it: {type(error).__name__}: {error}"
+            warn_or_raise(logger, "xnnfold: kv_cache attention %r %s", node.name, reason)
+            records.append(KVCacheRewrite(node.name, kept_because=reason))
     if any(r.rewritten for r in records):
         program.graph.eliminate_dead_code()
         program.graph.lint()
@@ -158,7 +170,7 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
     try:
         if llm_wanted and in_place is None:
             return _llm(context, emit, attention, start, name, caches, proven,
-                        None if proven else why_not)
+                        _why_not_custom_sdpa(attention, proven, why_not))
         if private is None:
             how = _flat(context, emit, attention, proven)
         else:
@@ -169,9 +181,34 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
         reason = f"internal failure, left as stock leaves it: {type(error).__name__}: {error}"
         warn_or_raise(logger, "xnnfold: kv_cache attention %r %s", name, reason)
         return KVCacheRewrite(name, caches, kept_because=reason)
-    left = (UPDATE_LEFT,) + ((MASK_LEFT,) if attention.mask is not None else ())
-    return KVCacheRewrite(name, caches, grouped_kernels(attention), how, left=left,
+    return KVCacheRewrite(name, caches, grouped_kernels(attention), how,
+                          left=(UPDATE_LEFT,) + _attention_left(attention),
                           llm_declined=in_place if llm_wanted else None)
+
+
+def _attention_left(attention: pattern.CacheAttention) -> tuple:
+    """What the grouped attention leaves on portable (the mask's or the bias's bookkeeping)."""
+    if attention.mask is not None:
+        return (MASK_LEFT,)
+    if any(isinstance(op.other, torch.fx.Node) for op in attention.scores or ()):
+        return (OPERANDS_LEFT,)
+    return ()
+
+
+def _why_not_custom_sdpa(attention: pattern.CacheAttention, proven, why_not) -> Optional[str]:
+    """Why ``llama::custom_sdpa`` (softmax of ``q K^T * scale`` under the causal mask from the
+    position, rows 0 .. P + l only) does not compute this attention, or None."""
+    if attention.scores is not None:
+        return ("an eager attention: custom_sdpa computes none of its own ops on the scores "
+                "(soft-capping, a bias)")
+    if attention.value_dim != attention.key.shape[3]:
+        return (f"a value head size {attention.value_dim} beside the key's "
+                f"{attention.key.shape[3]}: custom_sdpa takes caches of one size")
+    if proven == positions.CAUSAL:
+        return None
+    if proven:
+        return f"the mask is {proven}: custom_sdpa attends every row up to the position"
+    return why_not
 
 
 def grouped_kernels(attention) -> str:
@@ -181,7 +218,7 @@ def grouped_kernels(attention) -> str:
 
 def _why_not_private(context: _Context, attention: pattern.CacheAttention) -> Optional[str]:
     """Why the caches are not this attention's alone (then they keep their shape), or None."""
-    chain = set(attention.repeats) | {attention.sdpa}
+    chain = set(attention.repeats) | set(attention.between) | {attention.sdpa}
     for node in [attention.key.node, attention.value.node] + attention.repeats:
         others = [u for u in node.users if u not in chain]
         if others:
@@ -241,7 +278,7 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
             layout.restore_buffer(context.program, update, emit.fake_mode)
         raise
     context.relaid.update(u.buffer for u in relaid)
-    left = () if sdpa_declined is None else (MASK_LEFT,)
+    left = () if sdpa_declined is None else _attention_left(attention)
     return KVCacheRewrite(name, caches, kernels,
                           f"rows P .. P + L - 1 written in place; {how}; the cache kept as "
                           "[B * Hkv, S, 1, D], the same bytes", left=left,

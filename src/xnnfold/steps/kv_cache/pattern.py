@@ -30,7 +30,7 @@ from ...node_meta import tensor_val
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
 _UPDATES = (aten.index_copy_.default, aten.index_put_.default)
-_RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
+RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 
@@ -58,6 +58,15 @@ class CacheAttention:
     mask: Optional[torch.fx.Node]
     scale: float
     repeats: list = field(default_factory=list)   # nodes repeating k and v (erased after)
+    # an eager attention (:mod:`.eager`): the ops on the scores between the two products, in
+    # eager's order, ``sdpa`` the product with V it replaces; None for an SDPA
+    scores: Optional[tuple] = None
+    between: tuple = ()      # its nodes from the weights back to the key's transpose, users first
+
+    @property
+    def value_dim(self) -> int:
+        """The value's head size (the output's), which may differ from the key's."""
+        return self.value.shape[3]
 
 
 def sdpa_args(node: torch.fx.Node) -> dict:
@@ -147,7 +156,7 @@ def _unpadded(shape) -> list:
 
 
 def _through_reshape(node):
-    return node.args[0] if node.op == "call_function" and node.target in _RESHAPES else None
+    return node.args[0] if node.op == "call_function" and node.target in RESHAPES else None
 
 
 def ungroup(node: torch.fx.Node, heads: int) -> Optional[tuple]:
@@ -199,11 +208,11 @@ def match_attention(node: torch.fx.Node, updates: dict):
         else:
             ungrouped = ungroup(a[name], heads) if heads is not None else None
             if ungrouped is None:
-                return None if not _reads_update(a[name], updates) else \
+                return None if not reads_update(a[name], updates) else \
                     f"its {name} is read from a cache in a way the step does not recognise"
             source, groups, chain = ungrouped
         if source not in updates:
-            return None if not _reads_update(a[name], updates) else \
+            return None if not reads_update(a[name], updates) else \
                 f"its {name} is read from a cache through ops the step does not recognise"
         found.append((updates[source], groups, chain))
     (key, gk, kchain), (value, gv, vchain) = found
@@ -215,7 +224,7 @@ def match_attention(node: torch.fx.Node, updates: dict):
                           kchain + vchain)
 
 
-def _reads_update(node: torch.fx.Node, updates: dict, depth: int = 6) -> bool:
+def reads_update(node: torch.fx.Node, updates: dict, depth: int = 6) -> bool:
     """Whether ``node`` is computed from an updated cache within a few ops."""
     todo, seen = [(node, 0)], set()
     while todo:
@@ -235,12 +244,35 @@ def _why_not(node, a, q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int
         return f"dropout_p={a['dropout_p']}"
     if a["is_causal"]:
         return "is_causal=True over a cache (top-left aligned): not a decode attention"
+    reason = why_not_cache_pair(q, key, value, gk, gv, (a["query"],))
+    if reason:
+        return reason
+    b, s = key.shape[0], key.shape[2]
+    mask = a["attn_mask"]
+    if mask is not None:
+        m = tensor_val(mask)
+        if m is None or m.dtype not in (torch.bool, q.dtype) or m.dim() > 4:
+            return "a mask of another dtype than bool or the query's, or of rank above 4"
+        lead = [1] * (4 - m.dim()) + list(m.shape)
+        if lead[1] not in (1, q.shape[1]) or lead[0] not in (1, b) or lead[3] != s:
+            return f"a mask of shape {tuple(m.shape)} does not broadcast to [{b}, " \
+                   f"{q.shape[1]}, L, {s}]"
+        if lead[1] != 1 and lead[0] != b:
+            return f"a per-head mask of shape {tuple(m.shape)} for a batch of {b}"
+    return None
+
+
+def why_not_cache_pair(q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int,
+                       inputs: tuple = ()) -> Optional[str]:
+    """Why a query ``q`` ``[B, H, L, D]`` and two updated caches are not an attention the
+    grouped rewrite takes (fp32, static batch, heads and cache, the heads paired, the query's
+    head size the key's; the value's may differ), or None."""
     if q.dtype != torch.float32 or any(tensor_val(u.buffer).dtype != torch.float32
                                       for u in (key, value)):
         return f"dtype {q.dtype}: the rewrite is for fp32 caches"
     if q.dim() != 4:
         return f"a {q.dim()}-D query, not [B, H, L, D]"
-    if any(dequantized(x) for x in (a["query"], key.rows, value.rows)):
+    if any(dequantized(x) for x in inputs + (key.rows, value.rows)):
         return ("q, k or v is dequantized (static int8): XNNPACK would take the attention's "
                 "ops as quantized ones")
     (b, hkv, s, d), (vb, vh, vs, vd) = key.shape, value.shape
@@ -253,12 +285,4 @@ def _why_not(node, a, q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int
         return "dynamic batch, head or cache sizes"
     if q.shape[0] != b or q.shape[-1] != d:
         return f"query {tuple(q.shape)} does not match the key cache {key.shape}"
-    mask = a["attn_mask"]
-    if mask is not None:
-        m = tensor_val(mask)
-        if m is None or m.dtype not in (torch.bool, q.dtype) or m.dim() > 4:
-            return "a mask of another dtype than bool or the query's, or of rank above 4"
-        lead = [1] * (4 - m.dim()) + list(m.shape)
-        if lead[1] != 1 or lead[0] not in (1, b) or lead[3] != s:
-            return f"a mask of shape {tuple(m.shape)}: per-head masks are not rewritten"
     return None
