@@ -21,7 +21,8 @@ VARIANTS = ("hf-stock", "hf-stock-flag", "hf-xnnfold", "hf-xnnfold-llm", "et-sto
             "et-plain-stock", "et-plain-xnnfold", "et-plain-xnnfold-llm")
 # stock's own flag beside stock: xnnfold must beat both
 DEFAULT_VARIANTS = ("hf-stock", "hf-stock-flag", "hf-xnnfold", "hf-xnnfold-llm", "et-stock")
-ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma", "smollm")
+ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma", "smollm", "gemma2", "bloom", "opt", "mpt",
+                 "falcon-alibi")   # models.decoder_lm.ARCHITECTURES, without importing torch
 NOTES = {
     "hf-stock": "transformers static cache, stock partitioner",
     "hf-stock-flag": "transformers static cache, stock partitioner with "
