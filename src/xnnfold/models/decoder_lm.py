@@ -224,11 +224,14 @@ def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0,
         with torch.no_grad():
             return inner(input_ids=inputs[0], cache_position=inputs[1])
 
-    def export(tokens: int = 1, position: int = 0, dynamic: bool = False):
+    def export(tokens: int = 1, position: int = 0, dynamic: int = 0):
+        """One step of ``tokens`` tokens; ``dynamic``: of 1 to that many (True: the cache's
+        rows less one), as a generation program's one method takes them."""
         ids, cache_position = step_inputs(torch.zeros(1, tokens, dtype=torch.long), position)
         shapes = None
         if dynamic:
-            length = torch.export.Dim("length", min=1, max=dims.cache - 1)
+            longest = dims.cache - 1 if dynamic is True else dynamic
+            length = torch.export.Dim("length", min=1, max=longest)
             shapes = {"input_ids": {1: length}, "cache_position": {0: length}}
         with torch.no_grad():
             return torch.export.export(copy.deepcopy(pristine), args=(),

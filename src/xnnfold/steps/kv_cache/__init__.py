@@ -13,8 +13,11 @@ Each such attention (:mod:`.pattern`) is rewritten, on the pass's own copy of th
   the rows of one product with the cache, nothing repeated; runs on any runtime with XNNPACK
   and the portable kernels;
 - with ``llm_kernels=True`` (:mod:`.llm_kernels`), where the positions and the mask are proven
-  (:mod:`.positions`), onto executorch's ``llama::update_cache`` (in place) and
-  ``llama::custom_sdpa`` (only the rows up to the position), the kernels of its own LLM flow.
+  (:mod:`.positions`, :mod:`.mask_proof`), onto executorch's ``llama::update_cache`` (in place)
+  and ``llama::custom_sdpa`` (only the rows up to the position), the kernels of its own LLM flow.
+
+An attention is an SDPA (:mod:`.pattern`) or written out op by op (:mod:`.eager`: Gemma2's
+soft-capping, ALiBi biases); the latter keeps its own ops on the scores (:mod:`.scores`).
 
 An attention the step does not take is left as it was and says why; one it does not recognise
 as reading a cache is not its business (the attention step, next, rewrites it as any other).
@@ -170,7 +173,7 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
     try:
         if llm_wanted and in_place is None:
             return _llm(context, emit, attention, start, name, caches, proven,
-                        _why_not_custom_sdpa(attention, proven, why_not))
+                        llm_kernels.why_not_custom_sdpa(attention, proven, why_not))
         if private is None:
             how = _flat(context, emit, attention, proven)
         else:
@@ -194,21 +197,6 @@ def _attention_left(attention: pattern.CacheAttention) -> tuple:
         return (OPERANDS_LEFT,)
     return ()
 
-
-def _why_not_custom_sdpa(attention: pattern.CacheAttention, proven, why_not) -> Optional[str]:
-    """Why ``llama::custom_sdpa`` (softmax of ``q K^T * scale`` under the causal mask from the
-    position, rows 0 .. P + l only) does not compute this attention, or None."""
-    if attention.scores is not None:
-        return ("an eager attention: custom_sdpa computes none of its own ops on the scores "
-                "(soft-capping, a bias)")
-    if attention.value_dim != attention.key.shape[3]:
-        return (f"a value head size {attention.value_dim} beside the key's "
-                f"{attention.key.shape[3]}: custom_sdpa takes caches of one size")
-    if proven == positions.CAUSAL:
-        return None
-    if proven:
-        return f"the mask is {proven}: custom_sdpa attends every row up to the position"
-    return why_not
 
 
 def grouped_kernels(attention) -> str:
