@@ -54,7 +54,7 @@ def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
     if function.reason:
         return False, function.reason
     p = tensor_val(start)
-    columns = torch.arange(cache)
+    expected = _Expected(cache)
     evaluations, batches, kinds, why = 0, None, None, None
     try:
         with torch.no_grad():
@@ -72,7 +72,7 @@ def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
                     return False, got
                 if kinds is None:
                     kinds = _kinds(got, starts, length, cache)
-                kinds, why = _still(kinds, got, starts, length, cache, columns, why)
+                kinds, why = _still(kinds, got, starts, length, expected, why)
                 if not kinds:
                     return False, why
     except Exception as error:  # noqa: BLE001 - a mask this evaluation cannot run: not proven
@@ -116,23 +116,41 @@ def _kinds(got: torch.Tensor, starts, rows: int, cache: int) -> list:
     return kinds + [ATTENDS]
 
 
-def _still(kinds: list, got, starts, rows: int, cache: int, columns, why) -> tuple:
+class _Expected:
+    """What a kind of mask is at each position: a ``[S, S]`` table, row ``q`` the expected row
+    of a query at position ``q`` (bool, or 0 / -inf), read for every start ``P`` of a step of
+    ``L`` rows as a strided view ``[N, 1, L, S]`` (rows ``P .. P + L - 1``: nothing copied)."""
+
+    def __init__(self, cache: int):
+        self.cache, self._tables = cache, {}
+
+    def rows(self, kind: str, dtype: torch.dtype, count: int, rows: int) -> torch.Tensor:
+        if (kind, dtype) not in self._tables:
+            at, columns = torch.arange(self.cache)[:, None], torch.arange(self.cache)[None, :]
+            table = columns <= at
+            if kind != CAUSAL:
+                table = table & (columns > at - int(kind.split("window of ")[1].split()[0]))
+            if dtype != torch.bool:
+                table = torch.where(table, 0.0, float("-inf")).to(dtype)
+            self._tables[kind, dtype] = table
+        return self._tables[kind, dtype].as_strided((count, 1, rows, self.cache),
+                                                    (self.cache, 0, self.cache, 1))
+
+
+def _still(kinds: list, got, starts, rows: int, expected: _Expected, why) -> tuple:
     """(the kinds ``got`` still is at these starts, why the most precise one failed)."""
     kept = []
     for kind in kinds:
-        if kind == ATTENDS:
+        if kind == ATTENDS and kept:    # causal, or a window: every row attends its own position
+            failed = None
+        elif kind == ATTENDS:
             blocked = ~_attended(got).any(-1).flatten(1).all(1)
             failed = _first(blocked, starts, rows, "a row of the mask attends no cache row")
+        elif got.shape[-2] == 1 and rows != 1:
+            failed = f"the mask has one row for a step of {rows}"
         else:
-            at = (starts[:, None] + torch.arange(rows))[:, None, :, None]   # each row's position
-            expected = columns <= at
-            if kind != CAUSAL:
-                window = int(kind.split("window of ")[1].split()[0])
-                expected = expected & (columns > at - window)
-            if got.shape[-2] == 1 and rows != 1:
-                failed = f"the mask has one row for a step of {rows}"
-            else:
-                failed = _differs(got, expected, starts, rows, kind)
+            want = expected.rows(kind, got.dtype, len(starts), rows).expand(got.shape)
+            failed = _differs(got, want, starts, rows, kind)
         if failed is None:
             kept.append(kind)
         elif why is None and not kept:
@@ -140,13 +158,14 @@ def _still(kinds: list, got, starts, rows: int, cache: int, columns, why) -> tup
     return kept, why
 
 
-def _differs(got, expected, starts, rows: int, kind: str) -> Optional[str]:
-    if got.dtype != torch.bool:
-        expected = torch.where(expected, 0.0, float("-inf")).to(got.dtype)
-    wrong = (got != expected).flatten(1).any(1)
-    what = "the causal mask from the cache position" if kind == CAUSAL else f"{kind}"
-    return _first(wrong, starts, rows, f"the mask is not {what} (padding, sliding window, "
-                                       "or another mask)")
+def _differs(got, want, starts, rows: int, kind: str) -> Optional[str]:
+    """Why ``got`` is not ``want`` (the first start where it is not), or None: one pass where
+    they are equal."""
+    if torch.equal(got, want):
+        return None
+    what = "the causal mask from the cache position" if kind == CAUSAL else kind
+    return _first((got != want).flatten(1).any(1), starts, rows,
+                  f"the mask is not {what} (padding, sliding window, or another mask)")
 
 
 def _first(wrong: torch.Tensor, starts, rows: int, what: str) -> Optional[str]:
