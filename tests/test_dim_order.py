@@ -61,7 +61,7 @@ def dim_order_warnings(log) -> list:
 def test_oneformer_query_decoder_runs_and_matches_eager(query_decoder, xnnfold_log):
     model, inputs = query_decoder
     checked = check_where_stock_fails_to_lower(model, inputs)
-    assert [(r.node, r.where_removed) for r in checked.fold.mask_index] == [("index_put_", True)]
+    assert [(r.node, r.where_removed) for r in checked.fold.of("mask_index")] == [("index_put_", True)]
     assert dim_order_warnings(xnnfold_log) == []
 
 

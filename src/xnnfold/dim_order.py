@@ -33,7 +33,7 @@ import torch.fx
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.tensor import dim_order_from_stride
 
-from .node_meta import tensor_val
+from .graph.node_meta import tensor_val
 
 # Kernels that write their output contiguously whatever dim order it is declared in.
 _WRITE_CONTIGUOUS = frozenset({exir_ops.edge.aten.nonzero.default})

@@ -18,15 +18,17 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 )
 from torch.export import ExportedProgram
 
+from . import config as settings
 from . import pipeline
+from .config import Config
 from .dim_order import dim_order_conflicts
 from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
-from .program_copy import copy_program
-from .rules import DEFAULT_RULES, RuleSet
+from .graph.program_copy import copy_program
+from .steps.fold.rules import DEFAULT_RULES, RuleSet
 from .steps.runtime_weight import open_runtime_weight_path
 from .shape_env import give_own_shape_env, needs_own_shape_env
-from .probe.verified import Verification, make_probe
+from .steps.fold.probe.verified import Verification, make_probe
 
 logger = logging.getLogger("xnnfold")
 
@@ -45,10 +47,11 @@ class FoldGemmParams:
 
     ``partitioner`` is the XNNPACK partitioner whose verdict the *delegated* rule asks (default:
     a stock ``XnnpackPartitioner()``); it is not changed. ``rules`` is the
-    :class:`~xnnfold.rules.RuleSet` to apply (tests pass one without a rule). ``verify_probe``
-    (default: the ``XNNFOLD_VERIFY_PROBE`` environment variable) also runs the whole-program
-    probe and fails the fold on any disagreement with the fast one (a test mode: it costs a
-    second decomposition of the program). ``attention=False`` leaves every
+    :class:`~xnnfold.steps.fold.rules.RuleSet` to apply (tests pass one without a rule).
+    ``config`` (:class:`~xnnfold.config.Config`; default: the settings in force when it runs,
+    :func:`xnnfold.config.current`) says whether an internal failure raises (``strict``) and
+    whether the whole-program probe checks every answer of the fast one (``verify_probe``, a
+    test mode: it costs a second decomposition of the program). ``attention=False`` leaves every
     ``scaled_dot_product_attention`` as stock decomposes it (:mod:`xnnfold.steps.attention`,
     :mod:`xnnfold.steps.kv_cache`). ``llm_kernels=True`` lets the KV-cache step put the cache
     update and the attention over it on executorch's ``llama::update_cache`` and
@@ -62,14 +65,18 @@ class FoldGemmParams:
     """
 
     def __init__(self, partitioner: Optional[StockXnnpackPartitioner] = None,
-                 rules: RuleSet = DEFAULT_RULES, verify_probe: Optional[bool] = None,
+                 rules: RuleSet = DEFAULT_RULES, config: Optional[Config] = None,
                  attention: bool = True, llm_kernels: bool = False):
         self.partitioner = partitioner if partitioner is not None \
             else StockXnnpackPartitioner()
         self.rules = rules
-        self.verify_probe = verify_probe
+        self.config = config
         self.attention = attention
         self.llm_kernels = llm_kernels
+
+    def settings(self) -> Config:
+        """The :class:`~xnnfold.config.Config` a fold runs with now."""
+        return self.config if self.config is not None else settings.current()
 
     def __call__(self, ep: ExportedProgram, verification: Optional[Verification] = None
                  ) -> pipeline.FoldResult:
@@ -79,13 +86,14 @@ class FoldGemmParams:
         verification = verification if verification is not None else Verification()
         verification.fold_starts()
         _check_program(ep)
-        probe = make_probe(self.partitioner, self.verify_probe, verification)
+        config = self.settings()
+        probe = make_probe(self.partitioner, config.verify_probe, verification)
         result = None
         try:
             # The caller's random generator is theirs: whatever the pass's probes and exports
             # draw (a first export's lazy set-up, a module built to be probed) is drawn from a
             # fork.
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), settings.using(config):
                 result = pipeline.run(ep, probe, self.rules, self.attention, verification,
                                       self.llm_kernels)
         finally:
@@ -97,7 +105,7 @@ class FoldGemmParams:
 def fold_gemm_params(ep: ExportedProgram,
                      partitioner: Optional[StockXnnpackPartitioner] = None,
                      rules: RuleSet = DEFAULT_RULES,
-                     verify_probe: Optional[bool] = None,
+                     config: Optional[Config] = None,
                      attention: bool = True,
                      prefer: Optional[str] = None,
                      llm_kernels: Optional[bool] = None) -> pipeline.FoldResult:
@@ -114,7 +122,7 @@ def fold_gemm_params(ep: ExportedProgram,
         prefer = partitioner.fold.rules.prefer
     if llm_kernels is None:
         llm_kernels = isinstance(partitioner, XnnpackPartitioner) and partitioner.fold.llm_kernels
-    return FoldGemmParams(partitioner, rules.preferring(prefer), verify_probe, attention,
+    return FoldGemmParams(partitioner, rules.preferring(prefer), config, attention,
                           llm_kernels)(ep)
 
 
@@ -186,7 +194,7 @@ def _check_dim_orders(result) -> list:
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
-    Same constructor, plus ``rules``, ``verify_probe``, ``attention`` and ``llm_kernels`` (see
+    Same constructor, plus ``rules``, ``config``, ``attention`` and ``llm_kernels`` (see
     :class:`FoldGemmParams`) and
     ``prefer``: where speed and size trade (an ``nn.Linear`` head tied to its embedding, which
     stock delegates with a second copy of the table), ``"speed"`` (the default) keeps stock's
@@ -203,11 +211,11 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     checks_dim_orders = True     # partition() warns of ops the runtime will refuse
 
     def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,
-                 verify_probe: Optional[bool] = None, attention: bool = True,
+                 config: Optional[Config] = None, attention: bool = True,
                  prefer: Optional[str] = None, llm_kernels: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         open_runtime_weight_path(self)
-        self.fold = FoldGemmParams(self, rules.preferring(prefer), verify_probe, attention,
+        self.fold = FoldGemmParams(self, rules.preferring(prefer), config, attention,
                                    llm_kernels)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
@@ -232,14 +240,16 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
         # partition() (a multi-method lowering) are checked at once, by the whole program.
         self.last_result = self.fold(exported_program, self.verification)
         self._last_source = weakref.ref(exported_program)
-        return _for_lowering(exported_program, self.last_result.program)
+        with settings.using(self.fold.settings()):
+            return _for_lowering(exported_program, self.last_result.program)
 
     def partition(self, exported_program: ExportedProgram):
         result = super().partition(exported_program)
-        _fix_passthrough(result)
-        if self.checks_dim_orders:
-            self.dim_order_conflicts = _check_dim_orders(result)
-        self.verification.partitioned(result.tagged_exported_program, self.last_result)
+        with settings.using(self.fold.settings()):
+            _fix_passthrough(result)
+            if self.checks_dim_orders:
+                self.dim_order_conflicts = _check_dim_orders(result)
+            self.verification.partitioned(result.tagged_exported_program, self.last_result)
         return result
 
     def result_for(self, exported_program: ExportedProgram) -> Optional[pipeline.FoldResult]:

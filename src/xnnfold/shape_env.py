@@ -30,7 +30,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch._dynamo.source import ConstantSource
 
 from .errors import FoldError
-from .node_meta import tensor_val
+from .graph.node_meta import tensor_val
 
 
 def shape_env_of(program: ExportedProgram) -> Optional[ShapeEnv]:

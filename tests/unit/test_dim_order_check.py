@@ -14,7 +14,7 @@ from executorch.exir.tensor import dim_order_from_stride
 from conftest import set_strict
 from xnnfold import dim_order, partitioner
 from xnnfold.errors import StrictFallback
-from xnnfold.program_copy import copy_program
+from xnnfold.graph.program_copy import copy_program
 from xnnfold.steps.mask_index import rewrite_mask_indexing
 
 exir_where = exir_ops.edge.aten.where.self

@@ -6,12 +6,14 @@ import copy
 
 import pytest
 import torch
+
+from conftest import set_strict
 import torch.nn.functional as F
 from torch import nn
 
 from xnnfold.pte.compare import compare_outputs
 from xnnfold.steps import kv_cache
-from xnnfold.program_copy import copy_program
+from xnnfold.graph.program_copy import copy_program
 from xnnfold.steps.kv_cache import pattern, positions
 
 E, KV, GROUPS, S, D = 16, 2, 2, 8, 4
@@ -318,7 +320,7 @@ def test_cache_read_elsewhere_wrong_without_the_guard(monkeypatch):
             buffer.users.update(saved)
 
     monkeypatch.setattr(pattern, "_as_update", no_guard)
-    monkeypatch.setenv("XNNFOLD_STRICT", "0")
+    set_strict(monkeypatch, False)
     module = CacheAttention("hf", peek=True)
     sequence = steps()
     records, verdict = rewritten_and_run(module, sequence)
@@ -430,7 +432,7 @@ def test_scattered_positions_keep_the_update_on_portable():
 
 def test_scattered_positions_wrong_without_the_guard(monkeypatch):
     monkeypatch.setattr(positions, "start_of", lambda node, numbers: numbers(node))
-    monkeypatch.setenv("XNNFOLD_STRICT", "0")
+    set_strict(monkeypatch, False)
     module = CacheAttention("et")
     sequence = scattered_steps()
     records, verdict = rewritten_and_run(module, sequence)
@@ -443,7 +445,7 @@ def test_explain_says_which_kernels_the_pte_needs():
     for llm, needs in ((False, "XNNPACK and the portable kernels (any runtime)"),
                        (True, "llama::custom_sdpa, llama::update_cache")):
         _, _, records = rewritten(CacheAttention("hf"), steps()[0], llm)
-        text = format_explanation(Explanation([], kv_cache=records))
+        text = format_explanation(Explanation([], {"kv_cache": records}))
         assert "kernels the .pte needs: " in text and needs in text, text
 
 

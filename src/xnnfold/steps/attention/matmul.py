@@ -19,7 +19,7 @@ import torch
 import torch.fx
 
 from . import quantized
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
 from .common import MAX_RANK, Emitter, reshape_arg, static_shape
 from .restride import replace_uses
 

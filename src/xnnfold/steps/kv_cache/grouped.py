@@ -22,7 +22,7 @@ import torch
 import torch.fx
 
 from ..attention.common import Emitter, reshape_arg
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
 from .pattern import CacheAttention
 
 aten = torch.ops.aten

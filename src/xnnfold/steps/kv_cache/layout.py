@@ -15,7 +15,7 @@ import torch
 import torch.fx
 
 from ..attention.common import Emitter
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
 from .pattern import CacheUpdate
 
 aten = torch.ops.aten

@@ -25,7 +25,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from ..attention.quantized import dequantized
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default

@@ -31,8 +31,8 @@ from torch.export import ExportedProgram
 from ...analysis import ProgramFacts, cone_of, is_dequantize
 from ...decision import Decline
 from ...errors import at_node
-from ...node_meta import tensor_val
-from ...validity import sync_output_specs
+from ...graph.node_meta import tensor_val
+from ...graph.validity import sync_output_specs
 from ...analysis.gemms import operand
 from . import quantized
 
@@ -57,6 +57,10 @@ class PackedProjection:
     output_qdq: Optional[tuple] = field(default=None, repr=False, compare=False)
     # the nodes named above, in the program the site was found in: linear, chain, selects
     found: tuple = field(default=(), repr=False, compare=False)
+
+    @property
+    def rewritten(self) -> bool:
+        return self.kept_because is None
 
     def describe(self) -> str:
         if self.kept_because is not None:
@@ -239,3 +243,14 @@ def _drop_packed(program: ExportedProgram, x: torch.fx.Node, dequantize: torch.f
     for param in params:
         if isinstance(param, torch.fx.Node) and param.op == "placeholder" and not param.users:
             delete_constant_placeholder(program, param)
+
+
+def found_in(result) -> list:
+    """The packed projections a :class:`~xnnfold.result.FoldResult`'s fold step found, split
+    or kept."""
+    return [r for r in result.of("fold") if isinstance(r, PackedProjection)]
+
+
+def split_in(result) -> list:
+    """Those of :func:`found_in` that were split."""
+    return [r for r in found_in(result) if r.rewritten]
