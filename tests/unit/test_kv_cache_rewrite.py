@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import set_strict
+from xnnfold.graph.sdpa import SDPA, sdpa_args
 import torch.nn.functional as F
 from torch import nn
 
@@ -354,11 +355,11 @@ def test_unpaired_heads_are_kept(change, reason):
     sequence = steps()
     ep = exported(module, sequence[0])
     program = copy_program(ep)
-    sdpa = next(n for n in program.graph.nodes if n.target is pattern.SDPA)
+    sdpa = next(n for n in program.graph.nodes if n.target is SDPA)
     updates, _ = pattern.find_updates(program)
     value_update = next(u for u in updates.values() if u.target == "v_cache")
     value_update.shape = (1, KV, S + 1, D)       # a value cache of another length
-    found = pattern._why_not(sdpa, pattern.sdpa_args(sdpa), sdpa.args[0].meta["val"],
+    found = pattern._why_not(sdpa, sdpa_args(sdpa), sdpa.args[0].meta["val"],
                              next(u for u in updates.values() if u.target == "k_cache"),
                              value_update, GROUPS, GROUPS)
     assert reason in found

@@ -223,7 +223,7 @@ def decompose_layer_norms(program, how: str):
     means as linears with a constant 1/D row)."""
     import torch
     from xnnfold.graph.node_meta import tensor_val
-    from xnnfold.steps.attention.common import Emitter, reshape_arg
+    from xnnfold.graph.emit import Emitter, reshape_arg
     from xnnfold.graph.program_copy import copy_program
     from xnnfold.graph.constants import new_constant
 

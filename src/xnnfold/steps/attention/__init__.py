@@ -13,8 +13,10 @@ from ...errors import warn_or_raise
 from ...graph.validity import sync_output_specs
 from ..protocol import Context, Outcome
 from . import matmul, sdpa, shared
-from .common import AttentionRewrite, Emitter
-from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK, SDPA
+from ...graph.emit import Emitter
+from .record import AttentionRewrite
+from ...graph.sdpa import SDPA
+from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK
 
 logger = logging.getLogger("xnnfold")
 

@@ -30,7 +30,8 @@ from torch.export import ExportedProgram
 
 from ...analysis import static_inputs
 from ...errors import warn_or_raise
-from ..attention.common import Emitter
+from ...graph.emit import Emitter
+from ...graph.sdpa import SDPA
 from ..protocol import Context, Outcome
 from . import grouped, layout, llm_kernels, pattern, positions
 
@@ -123,7 +124,7 @@ def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False
         llm_kernels.load_kernels()
     context, records = _Context(program), []
     for node in list(program.graph.nodes):
-        if node.op != "call_function" or node.target is not pattern.SDPA:
+        if node.op != "call_function" or node.target is not SDPA:
             continue
         match = pattern.match_attention(node, updates)
         if match is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..attention.common import Emitter
+from ...graph.emit import Emitter
 from ...graph.node_meta import tensor_val
 from .pattern import CacheUpdate
 
