@@ -26,6 +26,7 @@ from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
 from .graph.program_copy import copy_program
 from .steps.fold.rules import DEFAULT_RULES, RuleSet
+from .steps import runtime_weight
 from .steps.runtime_weight import open_runtime_weight_path
 from .shape_env import give_own_shape_env, needs_own_shape_env
 from .steps.fold.probe.verified import Verification, make_probe
@@ -73,6 +74,7 @@ class FoldGemmParams:
         self.config = config
         self.attention = attention
         self.llm_kernels = llm_kernels
+        self.steps = pipeline.STEPS     # the pass's steps, in order (xnnfold.pipeline)
 
     def settings(self) -> Config:
         """The :class:`~xnnfold.config.Config` a fold runs with now."""
@@ -95,7 +97,7 @@ class FoldGemmParams:
             # fork.
             with torch.random.fork_rng(devices=[]), settings.using(config):
                 result = pipeline.run(ep, probe, self.rules, self.attention, verification,
-                                      self.llm_kernels)
+                                      self.llm_kernels, self.steps)
         finally:
             if result is None or result.fallback is not None:
                 verification.fold_failed()   # nothing left to check of a fold given up
@@ -214,9 +216,12 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
                  config: Optional[Config] = None, attention: bool = True,
                  prefer: Optional[str] = None, llm_kernels: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        open_runtime_weight_path(self)
         self.fold = FoldGemmParams(self, rules.preferring(prefer), config, attention,
                                    llm_kernels)
+        with settings.using(self.fold.settings()):
+            if not open_runtime_weight_path(self):     # no GEMM is marked for a path not open
+                self.fold.steps = tuple(s for s in self.fold.steps
+                                        if s is not runtime_weight.STEP)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
         # the probe's answers, the last of a fold checked by partition() (verification on)
