@@ -45,7 +45,7 @@ def test_every_attention_taken(family):
     on portable (Gemma2's GQA), the cache's rows written in place."""
     arch, _, lowered = family
     for method, partitioner in lowered.partitioners.items():
-        records = partitioner.last_result.kv_cache
+        records = partitioner.last_result.of("kv_cache")
         assert len(records) == DIMS.layers and all(r.rewritten for r in records), \
             [r.describe() for r in records]
         ops = Counter(lowered.inspected[method])

@@ -86,6 +86,7 @@ def _cmd_lower(args) -> int:
     import xnnfold
     from ..explain import Explanation
     from ..pte import STOCK, XNNFOLD, lower
+    from ..steps import projections
     from ..models.sources import export
 
     case = model_case(args.program, args.quantize) if args.check else None
@@ -104,9 +105,10 @@ def _cmd_lower(args) -> int:
         raise UsageError(f"{args.output}: cannot be written ({error.strerror})")
     fold = lowered.fold
     if fold is not None:
-        print(f"folded {len(fold.constants)} constant(s) for "
-              f"{len(fold.folded)} GEMM operand(s); packed projections split: {len(fold.split_projections)}; "
-              f"freed params: {', '.join(fold.freed_params) or 'none'}")
+        split = projections.split_in(fold)
+        print(f"folded {len(fold.constants)} constant(s) for {len(fold.folded)} GEMM "
+              f"operand(s); packed projections split: {len(split)}; freed params: "
+              f"{', '.join(fold.freed_params) or 'none'}")
         if fold.fallback:
             print(f"fell back to stock: {fold.fallback}")
         if args.explain:

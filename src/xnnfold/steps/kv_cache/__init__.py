@@ -26,61 +26,19 @@ as reading a cache is not its business (the attention step, next, rewrites it as
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Optional
 
-import torch
 from torch.export import ExportedProgram
 
 from ...analysis import static_inputs
 from ...errors import warn_or_raise
-from ..attention.common import Emitter
+from ...graph.emit import Emitter
+from ...graph.sdpa import SDPA
+from ..protocol import Context, Outcome
 from . import eager, grouped, layout, llm_kernels, mask_proof, pattern, positions
+from .record import KVCacheRewrite, UPDATE_LEFT, attention_left, grouped_kernels
 
 logger = logging.getLogger("xnnfold")
-
-PORTABLE_KERNELS = "XNNPACK + portable"
-# What the default rewrite leaves outside XNNPACK, and why (explain lists it per attention).
-UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): index_put copies "
-               "the whole cache and the runtime writes it back with copy_, unless to_executorch "
-               "runs with ExecutorchBackendConfig(run_reinplace_pass=True) (as xnnfold.export.llm's "
-               ".pte does), which updates it in place; llm_kernels=True makes it "
-               "llama::update_cache, in place")
-MASK_LEFT = "the mask is made additive on portable, once per program, on its own [L, S]"
-OPERANDS_LEFT = ("the tensors added to the scores (mask, bias) are viewed grouped on portable, "
-                 "once per program, on their own size")
-
-
-@dataclass(frozen=True)
-class KVCacheRewrite:
-    """One attention over a KV cache: rewritten (``kernels`` it then needs, ``proven`` what
-    makes it exact) or kept as it was (``kept_because``)."""
-
-    node: str
-    caches: tuple = ()
-    kernels: Optional[str] = None
-    proven: Optional[str] = None
-    kept_because: Optional[str] = None
-    left: tuple = ()          # what stays outside XNNPACK, and why
-    llm_declined: Optional[str] = None   # why llm_kernels=True could not be used here
-
-    @property
-    def rewritten(self) -> bool:
-        return self.kept_because is None
-
-    def describe(self) -> str:
-        caches = f" over {' / '.join(self.caches)}" if self.caches else ""
-        if not self.rewritten:
-            return f"kv_cache step: attention {self.node}{caches} kept as it was: " \
-                   f"{self.kept_because}"
-        text = (f"kv_cache step: attention {self.node}{caches} rewritten for {self.kernels} "
-                f"({self.proven})")
-        if self.llm_declined:
-            text += f"; llm_kernels not used: {self.llm_declined}"
-        for note in self.left:
-            text += f"; {note}"
-        return text
-
 
 class _Context:
     """What the rewrites of one program share: facts, proofs, the mask parts, the item()."""
@@ -130,12 +88,12 @@ def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False
         llm_kernels.load_kernels()
     context, records = _Context(program), []
     for node in list(program.graph.nodes):
-        if node.op != "call_function" or node.target not in (pattern.SDPA,) + eager.SOFTMAXES:
+        if node.op != "call_function" or node.target not in (SDPA,) + eager.SOFTMAXES:
             continue
         # the match and the proofs too: a failure anywhere keeps this attention as stock has
         # it (what _rewrite_one emitted is undone there), and only it
         try:
-            match = pattern.match_attention(node, updates) if node.target is pattern.SDPA \
+            match = pattern.match_attention(node, updates) if node.target is SDPA \
                 else eager.match_eager(node, updates)
             if match is None:
                 continue
@@ -185,23 +143,8 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
         warn_or_raise(logger, "xnnfold: kv_cache attention %r %s", name, reason)
         return KVCacheRewrite(name, caches, kept_because=reason)
     return KVCacheRewrite(name, caches, grouped_kernels(attention), how,
-                          left=(UPDATE_LEFT,) + _attention_left(attention),
+                          left=(UPDATE_LEFT,) + attention_left(attention),
                           llm_declined=in_place if llm_wanted else None)
-
-
-def _attention_left(attention: pattern.CacheAttention) -> tuple:
-    """What the grouped attention leaves on portable (the mask's or the bias's bookkeeping)."""
-    if attention.mask is not None:
-        return (MASK_LEFT,)
-    if any(isinstance(op.other, torch.fx.Node) for op in attention.scores or ()):
-        return (OPERANDS_LEFT,)
-    return ()
-
-
-
-def grouped_kernels(attention) -> str:
-    return PORTABLE_KERNELS + (f", {attention.groups} query heads per KV head, not repeated"
-                               if attention.groups > 1 else "")
 
 
 def _why_not_private(context: _Context, attention: pattern.CacheAttention) -> Optional[str]:
@@ -266,9 +209,31 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
             layout.restore_buffer(context.program, update, emit.fake_mode)
         raise
     context.relaid.update(u.buffer for u in relaid)
-    left = () if sdpa_declined is None else _attention_left(attention)
+    left = () if sdpa_declined is None else attention_left(attention)
     return KVCacheRewrite(name, caches, kernels,
                           f"rows P .. P + L - 1 written in place; {how}; the cache kept as "
                           "[B * Hkv, S, 1, D], the same bytes", left=left,
                           llm_declined=None if sdpa_declined is None else
                           f"custom_sdpa: {sdpa_declined}")
+
+
+class KVCacheStep:
+    name = "kv_cache"
+
+    def run(self, program: ExportedProgram, context: Context) -> Outcome:
+        return Outcome(rewrite_kv_caches(program, context.llm_kernels))
+
+    def summary(self, records: list) -> Optional[str]:
+        """Which kernels the lowered program needs, after this step."""
+        if not records:
+            return None
+        custom = sorted({k.strip() for r in records if r.rewritten and r.kernels
+                         for k in r.kernels.split(",") if "::" in k})
+        if not custom:
+            return "kernels the .pte needs: XNNPACK and the portable kernels (any runtime)"
+        return (f"kernels the .pte needs: XNNPACK, the portable kernels and executorch's LLM "
+                f"custom ops {', '.join(custom)} (a runtime built with them: the wheel's "
+                "pybindings, apps linking executorch's custom_ops)")
+
+
+STEP = KVCacheStep()

@@ -1,8 +1,7 @@
 """Attention over a KV cache written out op by op (transformers' ``eager_attention_forward``,
-BLOOM's ``baddbmm``, MPT's and Falcon's own code), found as :mod:`.pattern` finds SDPA.
-
-From a ``softmax`` of the last dim, back through the ops on the scores to the product of the
-query with the key cache, and on to the product of the weights with the value cache:
+BLOOM's ``baddbmm``, MPT's and Falcon's own code): from a ``softmax`` of the last dim, back
+through the ops on the scores to the product of the query with the key cache, and on to the
+product of the weights with the value cache:
 
 - the product: ``matmul(q, K^T)`` (``q [B, H, L, D]``), ``bmm(q3, K3^T)`` or
   ``baddbmm(bias, q3, K3^T, beta=1, alpha)`` (``q3`` and ``K3`` the ``[B * H, ., D]`` views of
@@ -16,22 +15,22 @@ query with the key cache, and on to the product of the weights with the value ca
   to ``[B * H, L, S]``; then ``matmul(w, V)`` or ``bmm(w3, V3)``.
 
 Every node between the two products has that one user (attention weights a model also returns
-are not the step's to change). :func:`.grouped.rewrite` computes the same ops on the same scores
-in the same order with the query heads of a KV head folded into rows (nothing repeated), and
-the plain softmax eager computes: no fully blocked row needs care, the mask is not changed.
+are not the step's to change). :func:`.grouped.rewrite` computes the same ops in the same order
+on the grouped scores (:mod:`.scores`), then eager's plain softmax: the mask is not changed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 import torch.fx
 
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
 from . import scores as grouped_scores
-from .pattern import RESHAPES, CacheAttention, reads_update, ungroup, why_not_cache_pair
+from .scores import Op
+from .pairing import why_not_cache_pair
+from .pattern import RESHAPES, CacheAttention, reads_update, ungroup
 from .positions import same_shape
 
 aten = torch.ops.aten
@@ -43,18 +42,6 @@ _BINARY = (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, a
 _SAME = (aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default, aten.clone.default,
          aten.contiguous.default, aten.alias.default, aten.detach.default, aten.type_as.default)
 _ASSERT = aten._assert_tensor_metadata.default   # what a ``.to()`` leaves: a check, no value
-
-
-@dataclass(frozen=True)
-class Op:
-    """``target(scores, other)`` (``other`` a number or a node that broadcasts to ``[B, H, L,
-    S]``, read as ``view4`` if given: a bias given ``[B * H, l, S]``), ``masked_fill(scores,
-    other, value)`` or ``tanh(scores)``."""
-
-    target: object
-    other: Union[None, float, torch.fx.Node] = None
-    value: Optional[float] = None
-    view4: Optional[tuple] = None
 
 
 def _users(node: torch.fx.Node) -> list:
@@ -80,8 +67,8 @@ def _keeps_value(node: torch.fx.Node) -> bool:
 
 
 def _number(value) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else None
 
 
 def _view_of(node: torch.fx.Node, shape) -> Optional[torch.fx.Node]:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..attention.common import Emitter, reshape_arg
-from ...node_meta import tensor_val
+from ...graph.emit import Emitter, reshape_arg
+from ...graph.node_meta import tensor_val
+from ...graph.sdpa import mask_parts
 from . import scores as grouped_scores
 from .pattern import CacheAttention
 
@@ -46,24 +47,11 @@ class MaskParts:
         return self._parts[key]
 
     def get(self, emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype, proven: bool) -> tuple:
-        return self.memo((mask, proven), lambda: _mask_parts(emit, mask, dtype, proven))
+        return self.memo((mask, proven), lambda: mask_parts(emit, mask, dtype, bool(proven)))
 
     def forget(self, erased: set) -> None:
         self._parts = {k: parts for k, parts in self._parts.items()
                        if not any(p in erased for p in parts if p is not None)}
-
-
-def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype, proven: bool) -> tuple:
-    additive = mask
-    if tensor_val(mask).dtype == torch.bool:
-        # read once by ``where``, as stock's decomposition of SDPA reads a bool mask
-        additive = emit(aten.where.self, mask, emit(aten.scalar_tensor.default, 0.0, dtype=dtype),
-                        emit(aten.scalar_tensor.default, float("-inf"), dtype=dtype))
-    if proven:
-        return additive, None
-    alive = emit(aten.any.dim, emit(aten.ne.Scalar, additive, float("-inf")), -1, True)
-    additive = emit(aten.masked_fill.Scalar, additive, emit(aten.logical_not.default, alive), 0.0)
-    return additive, emit(aten.to.dtype, alive, dtype)
 
 
 def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven,

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
 from . import positions
 from .positions import CAUSAL, MaskFunction, ValueNumbers
 

@@ -24,14 +24,13 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from ..attention.quantized import dequantized
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
+from ...graph.sdpa import sdpa_args
+from . import pairing
 
 aten = torch.ops.aten
-SDPA = aten.scaled_dot_product_attention.default
 _UPDATES = (aten.index_copy_.default, aten.index_put_.default)
 RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 
 @dataclass
@@ -67,13 +66,6 @@ class CacheAttention:
     def value_dim(self) -> int:
         """The value's head size (the output's), which may differ from the key's."""
         return self.value.shape[3]
-
-
-def sdpa_args(node: torch.fx.Node) -> dict:
-    args = dict(zip(_SDPA_ARGS, node.args))
-    args.update(node.kwargs)
-    return {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
-            "enable_gqa": False, **args}
 
 
 def written_placeholders(program: ExportedProgram) -> dict:
@@ -216,7 +208,7 @@ def match_attention(node: torch.fx.Node, updates: dict):
                 f"its {name} is read from a cache through ops the step does not recognise"
         found.append((updates[source], groups, chain))
     (key, gk, kchain), (value, gv, vchain) = found
-    reason = _why_not(node, a, q, key, value, gk, gv)
+    reason = pairing.why_not_sdpa(a, q, key, value, gk, gv)
     if reason:
         return reason
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -236,53 +228,3 @@ def reads_update(node: torch.fx.Node, updates: dict, depth: int = 6) -> bool:
         seen.add(current)
         todo += [(i, level + 1) for i in current.all_input_nodes]
     return False
-
-
-def _why_not(node, a, q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int
-             ) -> Optional[str]:
-    if a["dropout_p"] != 0.0:
-        return f"dropout_p={a['dropout_p']}"
-    if a["is_causal"]:
-        return "is_causal=True over a cache (top-left aligned): not a decode attention"
-    reason = why_not_cache_pair(q, key, value, gk, gv, (a["query"],))
-    if reason:
-        return reason
-    b, s = key.shape[0], key.shape[2]
-    mask = a["attn_mask"]
-    if mask is not None:
-        m = tensor_val(mask)
-        if m is None or m.dtype not in (torch.bool, q.dtype) or m.dim() > 4:
-            return "a mask of another dtype than bool or the query's, or of rank above 4"
-        lead = [1] * (4 - m.dim()) + list(m.shape)
-        if lead[1] not in (1, q.shape[1]) or lead[0] not in (1, b) or lead[3] != s:
-            return f"a mask of shape {tuple(m.shape)} does not broadcast to [{b}, " \
-                   f"{q.shape[1]}, L, {s}]"
-        if lead[1] != 1 and lead[0] != b:
-            return f"a per-head mask of shape {tuple(m.shape)} for a batch of {b}"
-    return None
-
-
-def why_not_cache_pair(q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int,
-                       inputs: tuple = ()) -> Optional[str]:
-    """Why a query ``q`` ``[B, H, L, D]`` and two updated caches are not an attention the
-    grouped rewrite takes (fp32, static batch, heads and cache, the heads paired, the query's
-    head size the key's; the value's may differ), or None."""
-    if q.dtype != torch.float32 or any(tensor_val(u.buffer).dtype != torch.float32
-                                      for u in (key, value)):
-        return f"dtype {q.dtype}: the rewrite is for fp32 caches"
-    if q.dim() != 4:
-        return f"a {q.dim()}-D query, not [B, H, L, D]"
-    if any(dequantized(x) for x in inputs + (key.rows, value.rows)):
-        return ("q, k or v is dequantized (static int8): XNNPACK would take the attention's "
-                "ops as quantized ones")
-    (b, hkv, s, d), (vb, vh, vs, vd) = key.shape, value.shape
-    if (b, hkv, s) != (vb, vh, vs) or gk != gv or gk < 1 or q.shape[1] != hkv * gk:
-        return (f"key cache {key.shape}, value cache {value.shape} and {q.shape[1]} query heads "
-                f"do not pair (groups {gk} and {gv})")
-    if key.node is value.node:
-        return "key and value read the same cache"
-    if not all(isinstance(x, int) for x in (b, hkv, s, d, vd, q.shape[0], q.shape[1])):
-        return "dynamic batch, head or cache sizes"
-    if q.shape[0] != b or q.shape[-1] != d:
-        return f"query {tuple(q.shape)} does not match the key cache {key.shape}"
-    return None

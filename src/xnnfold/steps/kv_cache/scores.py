@@ -21,17 +21,29 @@ takes where it has no ``masked_fill``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.fx
 
-from ...node_meta import tensor_val
-from ..attention.common import Emitter, reshape_arg
+from ...graph.node_meta import tensor_val
+from ...graph.emit import Emitter, reshape_arg
 from .positions import same_size
 
 aten = torch.ops.aten
 _TIMES = (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar)
+
+
+@dataclass(frozen=True)
+class Op:
+    """``target(scores, other)`` (``other`` a number or a node that broadcasts to ``[B, H, L,
+    S]``, read as ``view4`` if given: a bias given ``[B * H, l, S]``), ``masked_fill(scores,
+    other, value)`` or ``tanh(scores)``."""
+
+    target: object
+    other: Union[None, float, torch.fx.Node] = None
+    value: Optional[float] = None
+    view4: Optional[tuple] = None
 
 
 @dataclass(frozen=True)
