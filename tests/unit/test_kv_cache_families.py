@@ -337,3 +337,13 @@ def test_failure_on_one_attention_keeps_only_it(style, monkeypatch, caplog):
                                       "RuntimeError: a matcher bug"
     assert "a matcher bug" in caplog.text
     assert matches(program, module, varied_steps())
+
+
+def test_mask_beyond_the_evaluation_budget_is_not_proven(monkeypatch):
+    """A mask with more elements to evaluate than the budget (a per-head mask of a long prefill
+    over a long cache) is not proven: its fully blocked rows, if any, get the keep factor."""
+    monkeypatch.setattr(mask_proof, "ELEMENT_BUDGET", 1_000)
+    module = Cached("sdpa-alibi")
+    program, records = rewritten(module)
+    assert "fully blocked rows handled by a keep factor" in records[0].proven, records[0].proven
+    assert matches(program, module, varied_steps())

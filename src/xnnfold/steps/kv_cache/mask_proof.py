@@ -26,6 +26,11 @@ from .positions import CAUSAL, MaskFunction, ValueNumbers
 # Evaluations of the mask one start at a time, at most, where torch.vmap cannot batch them (a
 # few seconds): beyond, the mask is not proven.
 LOOP_BUDGET = 20_000
+# Mask elements evaluated at most (every row of every start of every length, per head): a shared
+# mask of steps of 1 to 128 rows over 1,024 cache rows is 7.9e9 (tens of seconds); a per-head
+# mask has as many more as heads. Beyond, the mask is not proven (rows fully blocked are then
+# handled by a keep factor: a few ops on the mask's own size per step).
+ELEMENT_BUDGET = 2 ** 33
 
 
 def window_text(window: int) -> str:
@@ -53,6 +58,11 @@ def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
     function = MaskFunction(mask, start, static_values, written, numbers, rows)
     if function.reason:
         return False, function.reason
+    heads = ([1] * 4 + list(tensor_val(mask).shape))[-3]
+    elements = heads * cache * sum((cache - length + 1) * length for length in lengths)
+    if elements > ELEMENT_BUDGET:
+        return False, (f"the mask has {elements:.1e} elements to evaluate over every start and "
+                       f"length, more than {ELEMENT_BUDGET:.1e}")
     p = tensor_val(start)
     expected = _Expected(cache)
     evaluations, batches, kinds, why = 0, None, None, None
