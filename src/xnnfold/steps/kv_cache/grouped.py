@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..attention.common import Emitter, reshape_arg
+from ..attention.common import Emitter, reshape_arg, reshape_source
 from ...node_meta import tensor_val
 from .pattern import CacheAttention
 
@@ -70,7 +70,7 @@ def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven: 
     bh = batch * kv_heads
 
     def reshape(x, shape):
-        return emit(aten.reshape.default, x, reshape_arg(shape))
+        return reshape_source(x, shape) or emit(aten.reshape.default, x, reshape_arg(shape))
 
     q3 = reshape(emit(aten.mul.Tensor, q, attention.scale), [bh, groups * rows, dim])
     k3 = key if key is not None else reshape(attention.key.node, [bh, cache, dim])
