@@ -205,3 +205,45 @@ def test_generate_command_runs_a_text_seq2seq_pte(bart_pte, capsys):
     assert cli.main(["generate", str(bart_pte[1]), "--tokens", "5,6,7", "--max-new", "4",
                      "--ignore-eos", "--no-warmup"]) == 0
     assert "generated 4 token(s)" in capsys.readouterr().out
+
+
+def _build_contract_driver(out: Path) -> Path:
+    """tools/seq2seq_contract.cpp built against the C++ runtime the executorch wheel ships."""
+    import shutil
+    import subprocess
+
+    import executorch
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to build tools/seq2seq_contract.cpp")
+    root = Path(list(executorch.__path__)[0])     # a namespace package: no __file__
+    source = Path(__file__).parent.parent / "tools" / "seq2seq_contract.cpp"
+    binary = out / "seq2seq_contract"
+    subprocess.run(
+        ["g++", "-std=c++17", "-O1", "-w", "-DC10_USING_CUSTOM_GENERATED_MACROS",
+         f"-I{root / 'include'}", f"-I{root / 'include/executorch/runtime/core/portable_type/c10'}",
+         str(source), "-o", str(binary), f"-L{root / 'lib'}", "-Wl,--no-as-needed",
+         "-lexecutorch", "-lexecutorch_backend_xnnpack", "-lexecutorch_kernels_optimized",
+         "-lexecutorch_threadpool", f"-Wl,-rpath,{root / 'lib'}"], check=True)
+    return binary
+
+
+@pytest.mark.slow
+def test_the_cpp_module_runs_the_pte_as_the_runner_does(whisper_pte, whisper_model, tmp_path):
+    """executorch's C++ ``Module`` (each method in memory of its own, the .pte mmapped, the
+    .ptd as its data map) through the speech runner's calls: the tokens of the Python loop
+    with the same prompt and no processors; without the .ptd the methods do not load."""
+    import subprocess
+
+    folder, pte = whisper_pte
+    binary = _build_contract_driver(tmp_path)
+    features = speech.features(frames=FRAMES, seed=1)
+    features[0].numpy().astype("<f4").tofile(tmp_path / "f.f32")
+    prompt = WhisperPrompt(whisper_model.generation_config.to_dict(), "en").prompt
+    expected = Seq2SeqProgram(pte).generate(features, 10, prompt, None, stop_at_eos=False)
+    args = [str(binary), str(pte), str(pte.with_suffix(".ptd")), str(tmp_path / "f.f32"),
+            "80", str(FRAMES), str(prompt[0]), "10", *map(str, prompt[1:])]
+    done = subprocess.run(args, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ",".join(map(str, expected.tokens))
+    args[2] = "-"
+    assert subprocess.run(args, capture_output=True, text=True).returncode == 1
