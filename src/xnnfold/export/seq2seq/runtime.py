@@ -18,6 +18,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from ...pte.runner import method_constant
 from .export import DECODER, ENCODER
 
 
@@ -49,13 +50,6 @@ class Generated:
         return "\n".join(lines)
 
 
-def _constant(program, name: str, default=None):
-    if name not in program.method_names:
-        return default
-    values = list(program.load_method(name).execute(()))
-    return values if len(values) != 1 else values[0]
-
-
 class Seq2SeqProgram:
     """An encoder-decoder .pte loaded on the runtime; ``data``: its .ptd (default:
     ``<pte stem>.ptd`` beside it, if that exists)."""
@@ -73,10 +67,10 @@ class Seq2SeqProgram:
         if not {ENCODER, DECODER} <= methods:
             raise NotASeq2SeqProgram(f"no encoder and text_decoder methods (it has: "
                                      f"{', '.join(sorted(methods))})")
-        self.start = _constant(self._program, "decoder_start_token_id")
-        eos = _constant(self._program, "get_eos_ids", [])
+        self.start = method_constant(self._program, "decoder_start_token_id")
+        eos = method_constant(self._program, "get_eos_ids", [])
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        self.max_cache = int(_constant(self._program, "get_max_seq_len", 0)) or None
+        self.max_cache = int(method_constant(self._program, "get_max_seq_len", 0)) or None
         inputs = self._program.metadata(ENCODER).input_tensor_meta(0)
         self.input_sizes = tuple(inputs.sizes())    # Whisper: (1, mels, frames)
         self.speech = inputs.dtype() == 6           # float features (ScalarType Float), not ids
