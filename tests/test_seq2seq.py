@@ -247,3 +247,21 @@ def test_the_cpp_module_runs_the_pte_as_the_runner_does(whisper_pte, whisper_mod
     assert done.stdout.strip() == ",".join(map(str, expected.tokens))
     args[2] = "-"
     assert subprocess.run(args, capture_output=True, text=True).returncode == 1
+
+
+def test_the_start_token_is_generates():
+    """decoder_start_token_id, else bos_token_id (mBART's configs name no start token), from
+    the generation config first, as ``generate`` picks it."""
+    from types import SimpleNamespace
+
+    from xnnfold.export.seq2seq.export import _metadata
+
+    def model(generation, config):
+        return SimpleNamespace(generation_config=SimpleNamespace(**generation),
+                               config=SimpleNamespace(vocab_size=10, **config))
+
+    picked = [_metadata(model(g, c), 8, 1).get("decoder_start_token_id") for g, c in (
+        ({"decoder_start_token_id": 2, "bos_token_id": 0}, {"decoder_start_token_id": 5}),
+        ({"decoder_start_token_id": None, "bos_token_id": 0}, {}),
+        ({}, {"decoder_start_token_id": 5}), ({}, {}))]
+    assert picked == [2, 0, 5, None]

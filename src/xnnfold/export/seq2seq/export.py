@@ -169,9 +169,12 @@ def _metadata(model, max_cache: int, layers: int) -> dict:
     metadata = {"get_max_seq_len": max_cache, "get_vocab_size": int(config.vocab_size),
                 "get_n_layers": layers, "use_kv_cache": True, "get_max_batch_size": 1}
     for source in (generation, config):
-        start = getattr(source, "decoder_start_token_id", None)
-        if isinstance(start, int):
-            metadata.setdefault("decoder_start_token_id", start)
+        # generate's start token: decoder_start_token_id, else bos_token_id (mBART's configs)
+        for name in ("decoder_start_token_id", "bos_token_id"):
+            start = getattr(source, name, None)
+            if isinstance(start, int):
+                metadata.setdefault("decoder_start_token_id", start)
+                break
         eos = getattr(source, "eos_token_id", None)
         eos = [eos] if isinstance(eos, int) else eos
         if eos and all(isinstance(e, int) for e in eos):
