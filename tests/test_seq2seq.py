@@ -157,6 +157,9 @@ def test_transcribe_command(whisper_pte, whisper_model, tmp_path, capsys):
     numpy.save(tmp_path / "bad.npy", numpy.zeros((80, 3000), numpy.float32))
     assert cli.main(["transcribe", str(pte), str(tmp_path / "bad.npy")]) == 2
     assert "the .pte takes (80, 200)" in capsys.readouterr().err
+    # more tokens than the decoder's cache holds: said before any work, not cut short
+    assert cli.main(["transcribe", str(pte), str(tmp_path / "f.npy"), "--max-new", "500"]) == 2
+    assert "this .pte's cache has 448" in capsys.readouterr().err
 
 
 def test_tied_tables_are_found_by_their_readers():

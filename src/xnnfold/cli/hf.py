@@ -159,9 +159,16 @@ def _generate_seq2seq(args) -> int:
         raise UsageError(f"{args.pte}: a speech model (its encoder takes features): use "
                          "`xnnfold transcribe`")
     source = torch.tensor([args.prompt], dtype=torch.long)
-    if args.warmup:
-        program.step(program.start, program.encode(source), 0)
-    print(program.generate(source, args.max_new, stop_at_eos=not args.ignore_eos).summary())
+    if program.input_sizes and source.shape[1] > program.input_sizes[-1]:
+        raise UsageError(f"{args.pte}: {source.shape[1]} source tokens; its encoder takes at "
+                         f"most {program.input_sizes[-1]}")
+    try:
+        if args.warmup:
+            program.step(program.start, program.encode(source), 0)
+        run = program.generate(source, args.max_new, stop_at_eos=not args.ignore_eos)
+    except ValueError as error:
+        raise UsageError(f"{args.pte}: {error}")
+    print(run.summary())
     return 0
 
 

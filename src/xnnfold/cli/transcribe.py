@@ -97,9 +97,13 @@ def _run(args) -> int:
             if args.generation is not None else None
     except ValueError as error:
         raise UsageError(str(error))
-    if args.warmup:                             # the first calls set up XNNPACK's operators
-        program.step(program.start, program.encode(features), 0)
-    run = program.generate(features, args.max_new, prompt.prompt if prompt else None, prompt)
+    try:
+        if args.warmup:                         # the first calls set up XNNPACK's operators
+            program.step(program.start, program.encode(features), 0)
+        run = program.generate(features, args.max_new, prompt.prompt if prompt else None,
+                               prompt)
+    except ValueError as error:
+        raise UsageError(f"{args.pte}: {error}")
     if prompt is None:
         print("no generation config (--folder): greedy from the start token alone, without "
               "Whisper's prompt and suppressed tokens")

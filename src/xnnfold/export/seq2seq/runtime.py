@@ -103,13 +103,15 @@ class Seq2SeqProgram:
         if prompt[0] is None:
             raise ValueError("no start token: give a prompt (the .pte names no "
                              "decoder_start_token_id)")
+        needed = len(prompt) - 1 + max_new
+        if self.max_cache is not None and needed > self.max_cache:
+            raise ValueError(f"{len(prompt)} prompt token(s) and {max_new} new need {needed} "
+                             f"decoder positions; this .pte's cache has {self.max_cache}")
         start = time.perf_counter()
         encoded = self.encode(inputs)
         run = Generated(prompt, [], time.perf_counter() - start)
         sequence = [prompt[0]]
-        for position in range(len(prompt) - 1 + max_new):
-            if self.max_cache is not None and position >= self.max_cache:
-                break
+        for position in range(needed):
             start = time.perf_counter()
             logits = self.step(sequence[-1], encoded, position)
             run.step_seconds.append(time.perf_counter() - start)
