@@ -14,7 +14,7 @@ from torch import nn
 from xnnfold import analysis, pipeline, rules
 from xnnfold.steps import canonical, fold, runtime_weight
 from xnnfold.decision import Decline, Rule
-from xnnfold.rules import DEFAULT_RULES
+from xnnfold.steps.fold.rules import DEFAULT_RULES
 
 from conftest import (Fallback, GemmsOutside, Params, StoredMore, UnexpectedFold,
                       assert_all_delegated, check_lowering, expect_fold, tiny_wav2vec2_config)
@@ -81,7 +81,7 @@ def linear_and_transposed_addmm():
                              (torch.randn(3, E), torch.randn(3, E)))
     assert_all_delegated(checked, packed_shapes=[(2 * E, E), (2 * E,)], part_shapes=[(E, E)])
     assert len(checked.stock.gemms_outside) == 4
-    assert [r.was for r in checked.fold.canonical] == ["aten.addmm.default"] * 2
+    assert [r.was for r in checked.fold.of("canonical")] == ["aten.addmm.default"] * 2
 
 
 class TransposedForms(nn.Module):
@@ -102,7 +102,7 @@ def test_transposed_forms_become_linear_except_a_scaled_addmm():
     assert len(checked.stock.gemms_outside) == 5
     # addmm with beta=0.5 is not a linear: it stays as stock leaves it.
     assert checked.folded.gemms_outside == ["aten.addmm.default"], checked.folded.ops_outside
-    assert [r.gemm for r in checked.fold.canonical] == ["mm", "matmul", "matmul_1", "addmm"]
+    assert [r.gemm for r in checked.fold.of("canonical")] == ["mm", "matmul", "matmul_1", "addmm"]
 
 
 # --------------------------------------------------------------------------------------------

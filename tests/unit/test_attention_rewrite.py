@@ -9,9 +9,9 @@ from torch import nn
 from xnnfold import pipeline
 from xnnfold.explain import Explanation, format_explanation
 from xnnfold.steps import attention
-from xnnfold.program_copy import copy_program
+from xnnfold.graph.program_copy import copy_program
 
-from conftest import Sdpa
+from conftest import Sdpa, set_strict
 
 B, H, L, S, D = 2, 2, 5, 7, 8
 BATCH, LENGTH, SOURCE = (torch.export.Dim(name, min=2, max=64) for name in ("b", "l", "s"))
@@ -158,12 +158,12 @@ def test_pipeline_runs_the_step_explain_names_it_and_the_flag_turns_it_off():
     ep = torch.export.export(Sdpa(is_causal=True).eval(), inputs)
     result = pipeline.run(ep, None)
     assert result.program is not ep and sdpa_nodes(result.program) == []
-    assert [a.proven for a in result.attention] == [attention.CAUSAL]
+    assert [a.proven for a in result.of("attention")] == [attention.CAUSAL]
     text = format_explanation(Explanation.of(result))
     assert "attention step: attention scaled_dot_product_attention rewritten into ops " \
            "XNNPACK takes (causal, no empty row)" in text
     off = pipeline.run(ep, None, attention=False)
-    assert off.program is ep and off.attention == [] and len(sdpa_nodes(off.program)) == 1
+    assert off.program is ep and off.of("attention") == [] and len(sdpa_nodes(off.program)) == 1
 
 
 class EagerAttention(nn.Module):
@@ -199,7 +199,7 @@ def test_broadcast_matmul_is_left_as_it_was():
 
 def test_a_rewrite_that_fails_half_way_leaves_the_node_as_it_was(monkeypatch, caplog):
     # users' mode (strict mode raises instead: tests/unit/test_give_up_paths.py)
-    monkeypatch.delenv("XNNFOLD_STRICT", raising=False)
+    set_strict(monkeypatch, False)
     build = attention.sdpa._causal_mask
 
     def fails_after_emitting(emit, *args):

@@ -10,12 +10,12 @@ copy bandwidth) and the share of the step on portable kernels (ETDump).
 
 Every variant is first run for 4 steps from an empty cache and compared with its eager module;
 then all are timed interleaved in one process, one thread, medians per position.
-Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is timed as users run it.
+The lowerings run with xnnfold's default settings (xnnfold.config: verification off), as users run them.
 """
 
 from __future__ import annotations
 
-from xnnfold.bench.scripts import lower_as_users_do, parser
+from xnnfold.bench.scripts import parser
 
 VARIANTS = ("hf-stock", "hf-stock-flag", "hf-xnnfold", "hf-xnnfold-llm", "et-stock",
             "et-plain-stock", "et-plain-xnnfold", "et-plain-xnnfold-llm")
@@ -96,7 +96,6 @@ def _ints(text: str) -> list:
 
 def main(argv=None) -> None:
     args = parse_args(argv)                 # --help answers before torch is imported
-    lower_as_users_do()
     from xnnfold.pte.quiet import quiet
     stderr_filter = quiet()
     from xnnfold.bench import decode as bench

@@ -12,12 +12,12 @@ structure, preprocessor_config.json). optimum-executorch 1.1.0 pins transformers
 its .pte in a venv of its own, from the same folder (--keep DIR keeps the folder built here):
 ``optimum-cli export executorch --model DIR --task automatic-speech-recognition --recipe
 xnnpack --output_dir OUT`` (OUT/model.pte). One thread; interleaved rounds, medians.
-Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is timed as users run it.
+The lowerings run with xnnfold's default settings (xnnfold.config: verification off), as users run them.
 """
 
 from __future__ import annotations
 
-from xnnfold.bench.scripts import lower_as_users_do, parser
+from xnnfold.bench.scripts import parser
 
 
 def build_parser():
@@ -45,7 +45,6 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)       # --help answers before torch is imported
     if not 1 <= args.position < 400 or args.tokens < 1 or args.rounds < 1:
         build_parser().error("--position 1..399, --tokens and --rounds at least 1")
-    lower_as_users_do()
     from xnnfold.pte.quiet import quiet
     stderr_filter = quiet()
     try:

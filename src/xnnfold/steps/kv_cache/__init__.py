@@ -26,12 +26,13 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 from torch.export import ExportedProgram
 
 from ...analysis import static_inputs
 from ...errors import warn_or_raise
-from ..attention.common import Emitter
+from ...graph.emit import Emitter
+from ...graph.sdpa import SDPA
+from ..protocol import Context, Outcome
 from . import grouped, layout, llm_kernels, pattern, positions
 
 logger = logging.getLogger("xnnfold")
@@ -123,7 +124,7 @@ def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False
         llm_kernels.load_kernels()
     context, records = _Context(program), []
     for node in list(program.graph.nodes):
-        if node.op != "call_function" or node.target is not pattern.SDPA:
+        if node.op != "call_function" or node.target is not SDPA:
             continue
         match = pattern.match_attention(node, updates)
         if match is None:
@@ -247,3 +248,25 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
                           "[B * Hkv, S, 1, D], the same bytes", left=left,
                           llm_declined=None if sdpa_declined is None else
                           f"custom_sdpa: {sdpa_declined}")
+
+
+class KVCacheStep:
+    name = "kv_cache"
+
+    def run(self, program: ExportedProgram, context: Context) -> Outcome:
+        return Outcome(rewrite_kv_caches(program, context.llm_kernels))
+
+    def summary(self, records: list) -> Optional[str]:
+        """Which kernels the lowered program needs, after this step."""
+        if not records:
+            return None
+        custom = sorted({k.strip() for r in records if r.rewritten and r.kernels
+                         for k in r.kernels.split(",") if "::" in k})
+        if not custom:
+            return "kernels the .pte needs: XNNPACK and the portable kernels (any runtime)"
+        return (f"kernels the .pte needs: XNNPACK, the portable kernels and executorch's LLM "
+                f"custom ops {', '.join(custom)} (a runtime built with them: the wheel's "
+                "pybindings, apps linking executorch's custom_ops)")
+
+
+STEP = KVCacheStep()

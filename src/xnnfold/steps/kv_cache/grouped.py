@@ -21,8 +21,9 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..attention.common import Emitter, reshape_arg, reshape_source
-from ...node_meta import tensor_val
+from ...graph.emit import Emitter, reshape_arg, reshape_source
+from ...graph.node_meta import tensor_val
+from ...graph.sdpa import mask_parts
 from .pattern import CacheAttention
 
 aten = torch.ops.aten
@@ -37,25 +38,12 @@ class MaskParts:
     def get(self, emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype, proven: bool) -> tuple:
         key = (mask, proven)
         if key not in self._parts:
-            self._parts[key] = _mask_parts(emit, mask, dtype, proven)
+            self._parts[key] = mask_parts(emit, mask, dtype, proven)
         return self._parts[key]
 
     def forget(self, erased: set) -> None:
         self._parts = {k: parts for k, parts in self._parts.items()
                        if not any(p in erased for p in parts if p is not None)}
-
-
-def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype, proven: bool) -> tuple:
-    additive = mask
-    if tensor_val(mask).dtype == torch.bool:
-        # read once by ``where``, as stock's decomposition of SDPA reads a bool mask
-        additive = emit(aten.where.self, mask, emit(aten.scalar_tensor.default, 0.0, dtype=dtype),
-                        emit(aten.scalar_tensor.default, float("-inf"), dtype=dtype))
-    if proven:
-        return additive, None
-    alive = emit(aten.any.dim, emit(aten.ne.Scalar, additive, float("-inf")), -1, True)
-    additive = emit(aten.masked_fill.Scalar, additive, emit(aten.logical_not.default, alive), 0.0)
-    return additive, emit(aten.to.dtype, alive, dtype)
 
 
 def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven: bool,

@@ -28,8 +28,8 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
 
-from ..attention.common import Emitter
-from ...node_meta import tensor_val
+from ...graph.emit import Emitter
+from ...graph.node_meta import tensor_val
 from . import layout
 from .pattern import CacheAttention, CacheUpdate
 

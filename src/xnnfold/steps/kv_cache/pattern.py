@@ -24,14 +24,13 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from ..attention.quantized import dequantized
-from ...node_meta import tensor_val
+from ...analysis import dequantized
+from ...graph.node_meta import tensor_val
+from ...graph.sdpa import sdpa_args
 
 aten = torch.ops.aten
-SDPA = aten.scaled_dot_product_attention.default
 _UPDATES = (aten.index_copy_.default, aten.index_put_.default)
 _RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 
 @dataclass
@@ -58,13 +57,6 @@ class CacheAttention:
     mask: Optional[torch.fx.Node]
     scale: float
     repeats: list = field(default_factory=list)   # nodes repeating k and v (erased after)
-
-
-def sdpa_args(node: torch.fx.Node) -> dict:
-    args = dict(zip(_SDPA_ARGS, node.args))
-    args.update(node.kwargs)
-    return {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
-            "enable_gqa": False, **args}
 
 
 def written_placeholders(program: ExportedProgram) -> dict:

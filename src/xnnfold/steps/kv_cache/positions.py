@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
 
 aten = torch.ops.aten
 CAUSAL = "causal from the cache position"

@@ -1,9 +1,9 @@
-"""What the attention rewrites share: the record ``explain`` lists, the node emitter, and the
-checks on what XNNPACK takes."""
+"""Building nodes: the :class:`Emitter` (a node created with its fake value and its anchor's
+provenance, erased again if the rewrite is given up), and the shapes XNNPACK takes in a
+reshape."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -13,29 +13,6 @@ from torch._guards import detect_fake_mode
 aten = torch.ops.aten
 MAX_RANK = 6      # XNNPACK's tensors have at most 6 dims (XNN_MAX_TENSOR_DIMS)
 _COPIED_META = ("nn_module_stack", "stack_trace", "source_fn_stack")
-
-
-@dataclass(frozen=True)
-class AttentionRewrite:
-    """One ``scaled_dot_product_attention`` (``op="attention"``) or batched ``matmul`` node:
-    rewritten (``proven`` says why the rewrite is exact there) or kept as it was
-    (``kept_because``)."""
-
-    node: str
-    proven: Optional[str] = None
-    kept_because: Optional[str] = None
-    op: str = "attention"
-
-    @property
-    def rewritten(self) -> bool:
-        return self.kept_because is None
-
-    def describe(self) -> str:
-        what = "attention" if self.op == "attention" else "batched matmul"
-        if self.rewritten:
-            return (f"attention step: {what} {self.node} rewritten into ops XNNPACK takes "
-                    f"({self.proven})")
-        return f"attention step: {what} {self.node} kept as it was: {self.kept_because}"
 
 
 def static_shape(shape) -> bool:
