@@ -34,6 +34,8 @@ def _rows(printed: str) -> dict:
 
 
 def test_whisper_encoder_and_decoder_step_with_the_stock_comparison(tf, tmp_path, capsys):
+    """--no-cache: the encoder and one decoder step, two .pte files (the generation .pte of a
+    Whisper folder, the default: tests/test_seq2seq.py)."""
     torch.manual_seed(0)
     config = tf.WhisperConfig(vocab_size=512, num_mel_bins=16, d_model=64, encoder_layers=1,
                               decoder_layers=1, encoder_attention_heads=2,
@@ -43,7 +45,7 @@ def test_whisper_encoder_and_decoder_step_with_the_stock_comparison(tf, tmp_path
                               eos_token_id=2, decoder_start_token_id=1)
     folder = _saved(tmp_path / "whisper", tf.WhisperForConditionalGeneration(config))
     assert cli.main(["hf", str(folder), "-o", str(tmp_path / "w.pte"), "--compare",
-                     "--reps", "2"]) == 0
+                     "--reps", "2", "--no-cache"]) == 0
     rows = _rows(capsys.readouterr().out)
     assert set(rows) == {(p, v) for p in ("encoder", "decoder") for v in ("stock", "xnnfold")}
     assert all(cells[2] == "0" for cells in rows.values()), rows        # GEMMs outside

@@ -13,6 +13,16 @@ def load_llm_kernels(pte: bytes) -> None:
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
 
 
+def method_constant(program, name: str, default=None):
+    """What the constant method ``name`` of a loaded ``executorch.runtime`` program returns (one
+    value, or the list), or ``default`` when the program has no such method: the metadata
+    exports emit (``get_max_seq_len``, ``get_eos_ids``...)."""
+    if name not in program.method_names:
+        return default
+    values = list(program.load_method(name).execute(()))
+    return values if len(values) != 1 else values[0]
+
+
 class PteRunner:
     """A .pte loaded on the ExecuTorch runtime. Keeps its buffer alive, as the loader needs."""
 

@@ -8,11 +8,14 @@ from config.json alone, before torch, transformers or the weights load (:func:`p
 - a causal LM (``...ForCausalLM``, ``...LMHeadModel``): a generation-ready .pte, ``prefill``
   and ``decode`` over transformers' static KV cache (:mod:`xnnfold.export.llm`); ``--no-cache``: the
   logits of ``--tokens`` tokens, no cache;
-- Whisper: the encoder on a full window and one decoder step, ``OUT.encoder.pte`` and
-  ``OUT.decoder.pte``;
-- a text seq2seq model (``...ForConditionalGeneration`` with ``is_encoder_decoder``: T5, BART,
-  ...): the encoder (``input_ids`` + ``attention_mask``) and one decoder step (``--tokens``
-  tokens over the encoder's states, logits), ``OUT.encoder.pte`` and ``OUT.decoder.pte``;
+- Whisper, and a text seq2seq model whose decoder has BART's cross-attention (BART, mBART,
+  Marian, Pegasus...): a generation-ready .pte (:mod:`xnnfold.export.seq2seq`): ``encoder``
+  once per input, returning every decoder layer's cross-attention keys and values, and
+  ``text_decoder`` one token per call over a self-attention cache, the layout executorch's
+  speech runner calls; the tied head's table in ``OUT.ptd`` beside it;
+- ``--no-cache``, and T5 (whose attention is another class): the encoder (Whisper: a full
+  window; text: ``input_ids`` + ``attention_mask``) and one decoder step (``--tokens`` tokens
+  over the encoder's states, logits), ``OUT.encoder.pte`` and ``OUT.decoder.pte``;
 - a classifier or tagger of text (``...ForSequenceClassification``,
   ``...ForTokenClassification``, ``...ForMaskedLM``): logits of ``input_ids`` +
   ``attention_mask``; an image classifier (``...ForImageClassification``): logits of one image;
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...usage import UsageError
-from .plan import CAUSAL_LM, Plan
+from .plan import CAUSAL_LM, SEQ2SEQ, WHISPER, Plan
 from .rows import Exported, failing_as_usage, pte_path, ratios, row
 
 
@@ -58,14 +61,32 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
         from .generation import export_generation
         exported = export_generation(model, output_path, compare, tokens, reps, prefer, check,
                                      max_cache, max_prefill, llm_kernels)
+    elif plan.kind in (WHISPER, SEQ2SEQ) and cache and _cross_attention(model):
+        from .seq2seq import export_seq2seq_generation
+        exported = export_seq2seq_generation(model, output_path, plan.folder, compare, tokens,
+                                             reps, prefer, check, max_cache)
     else:
         exported = Exported([], [], [])
+        if plan.kind == SEQ2SEQ and cache:
+            exported.notes.append(f"{plan.architecture}: its decoder has no BART-style "
+                                  "cross-attention (encoder_attn): exported as the encoder and "
+                                  "one decoder step, without a cache")
         for part in hf_parts.parts(plan, model, tokens):
             _export_part(part, pte_path(output_path, part.name), exported, compare, reps,
                          prefer, check)
     ratios(exported.rows)
     exported.notes.insert(0, attention_note)
     return exported
+
+
+def _cross_attention(model) -> bool:
+    from ..seq2seq.export import cross_attentions
+
+    try:
+        cross_attentions(model)
+    except ValueError:
+        return False
+    return True
 
 
 def _export_part(part, destination: Path, exported: Exported, compare: bool, reps: int,

@@ -131,6 +131,10 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
                          f"({architecture})")
     if kind == CAUSAL_LM and cache:
         _check_cache(positions, tokens, max_cache, max_prefill)
+    elif kind in (WHISPER, SEQ2SEQ) and cache and max_cache is not None and \
+            not CHECK_STEPS + 1 <= max_cache <= (positions or max_cache):
+        raise UsageError(f"--max-cache {max_cache}: {CHECK_STEPS + 1} (the check's steps) to "
+                         f"the decoder's {positions} positions")
     return Plan(folder, kind, architecture, model_type, config, positions)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ...graph.emit import Emitter, reshape_arg
+from ...graph.emit import Emitter, reshape_arg, reshape_source
 from ...graph.node_meta import tensor_val
 from ...graph.sdpa import mask_parts
 from . import scores as grouped_scores
@@ -67,7 +67,7 @@ def rewrite(emit: Emitter, attention: CacheAttention, masks: MaskParts, proven,
     bh = batch * layout.kv_heads
 
     def reshape(x, shape):
-        return emit(aten.reshape.default, x, reshape_arg(shape))
+        return reshape_source(x, shape) or emit(aten.reshape.default, x, reshape_arg(shape))
 
     eager = attention.scores is not None
     # SDPA scales the query; an eager attention scales the scores, in its own ops
