@@ -12,7 +12,7 @@ from ...analysis import dequantized
 from ...graph.node_meta import tensor_val
 
 
-def why_not_sdpa(a: dict, q, key: "CacheUpdate", value: "CacheUpdate", gk: int, gv: int
+def why_not_sdpa(a: dict, q, key, value, gk: int, gv: int
                  ) -> Optional[str]:
     """Why an SDPA (its arguments ``a``) over two updated caches is not taken, or None."""
     if a["dropout_p"] != 0.0:
@@ -37,7 +37,7 @@ def why_not_sdpa(a: dict, q, key: "CacheUpdate", value: "CacheUpdate", gk: int, 
     return None
 
 
-def why_not_cache_pair(q, key: "CacheUpdate", value: "CacheUpdate", gk: int, gv: int,
+def why_not_cache_pair(q, key, value, gk: int, gv: int,
                        inputs: tuple = ()) -> Optional[str]:
     """Why a query ``q`` ``[B, H, L, D]`` and two updated caches are not an attention the
     grouped rewrite takes (fp32, static batch, heads and cache, the heads paired, the query's
