@@ -20,8 +20,10 @@ def _hf_arguments(parser) -> None:
                         help="also lower with stock executorch; time both on the runtime")
     parser.add_argument("--tokens", type=int, default=8, help="tokens of a text input (a "
                         "causal LM: the prompt of the check)")
-    parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
-                        help="transformers' attn_implementation for the export")
+    parser.add_argument("--attention", choices=["auto", "sdpa", "eager"], default="auto",
+                        help="transformers' attn_implementation for the export (auto: sdpa "
+                        "where transformers has it for the class, else eager; the choice is "
+                        "printed)")
     parser.add_argument("--reps", type=int, default=10, help="timed rounds with --compare")
     parser.add_argument("--prefer", choices=["speed", "size"], default="speed",
                         help="where speed and size trade (a tied nn.Linear head): speed keeps "

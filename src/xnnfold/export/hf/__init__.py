@@ -42,7 +42,7 @@ from .rows import Exported, failing_as_usage, pte_path, ratios, row
 
 
 def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 8,
-                  attention: str = "sdpa", reps: int = 10, prefer: str = "speed",
+                  attention: str = "auto", reps: int = 10, prefer: str = "speed",
                   check: bool = True, cache: bool = True, max_cache: Optional[int] = None,
                   max_prefill: Optional[int] = None, llm_kernels: bool = False) -> Exported:
     """Write the .pte of every part of ``plan``'s model, each checked against eager on the
@@ -56,7 +56,7 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
     output_path = Path(output)
     if not output_path.parent.exists():
         raise UsageError(f"{output}: folder {output_path.parent} does not exist")
-    model = hf_parts.load(plan, attention)
+    model, attention_note = hf_parts.load(plan, attention)
     if plan.kind == CAUSAL_LM and cache:
         from .generation import export_generation
         exported = export_generation(model, output_path, compare, tokens, reps, prefer, check,
@@ -75,6 +75,7 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
             _export_part(part, pte_path(output_path, part.name), exported, compare, reps,
                          prefer, check)
     ratios(exported.rows)
+    exported.notes.insert(0, attention_note)
     return exported
 
 
