@@ -9,6 +9,7 @@ import torch
 
 from conftest import set_strict
 from xnnfold.graph.sdpa import SDPA, sdpa_args
+from xnnfold.graph.values import ValueNumbers, written_placeholders
 import torch.nn.functional as F
 from torch import nn
 
@@ -240,7 +241,7 @@ def test_mask_causal_for_short_steps_wrong_with_one_length_proven(monkeypatch):
 def test_arange_of_another_length_is_no_start():
     """positions arange(M) + P with M not the step's length: not 'rows P .. P + L - 1'."""
     ep = exported(CacheAttention("hf"), steps(length=3)[0])
-    numbers = positions.ValueNumbers(ep.graph, set())
+    numbers = ValueNumbers(ep.graph, set())
     adds = [n for n in ep.graph.nodes if n.target is torch.ops.aten.add.Tensor and
             n.args[0].target is torch.ops.aten.arange.default]
     assert adds and all(positions.start_of(n, numbers) is not None for n in adds)
@@ -411,8 +412,8 @@ def test_value_numbers_see_through_copies():
             return self.a.to(torch.int64) + 1, self.b.to(torch.int64) + 1, self.a + self.b
 
     ep = torch.export.export(Copies(), (torch.tensor([3]),))
-    written = set(pattern.written_placeholders(ep))
-    numbers = positions.ValueNumbers(ep.graph, written)
+    written = set(written_placeholders(ep))
+    numbers = ValueNumbers(ep.graph, written)
     outputs = ep.graph.output_node().args[0]
     first, second = outputs[0], outputs[1]
     assert numbers(first.args[0]) is numbers(second.args[0])      # both: position[0]

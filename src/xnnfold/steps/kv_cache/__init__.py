@@ -34,6 +34,7 @@ from ...analysis import static_inputs
 from ...errors import warn_or_raise
 from ...graph.emit import Emitter
 from ...graph.sdpa import SDPA
+from ...graph.values import ValueNumbers, written_placeholders
 from ..protocol import Context, Outcome
 from . import eager, grouped, layout, llm_kernels, mask_proof, pattern, positions
 from .record import KVCacheRewrite, UPDATE_LEFT, attention_left, grouped_kernels
@@ -48,8 +49,8 @@ class _Context:
         names = static_inputs(program)
         self.static = {n: names[n.name] for n in program.graph.nodes
                        if n.op == "placeholder" and n.name in names}
-        self.written = set(pattern.written_placeholders(program))
-        self.numbers = positions.ValueNumbers(program.graph, self.written)
+        self.written = set(written_placeholders(program))
+        self.numbers = ValueNumbers(program.graph, self.written)
         self.proofs: dict = {}
         self.masks = grouped.MaskParts()
         self.started: dict = {}

@@ -31,7 +31,7 @@ from . import scores as grouped_scores
 from .scores import Op
 from .pairing import why_not_cache_pair
 from .pattern import RESHAPES, CacheAttention, reads_update, ungroup
-from .positions import same_shape
+from ...graph.values import same_shape
 
 aten = torch.ops.aten
 SOFTMAXES = (aten.softmax.int, aten._softmax.default)

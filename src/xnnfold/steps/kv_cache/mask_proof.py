@@ -21,7 +21,8 @@ import torch.fx
 
 from ...graph.node_meta import tensor_val
 from . import positions
-from .positions import CAUSAL, MaskFunction, ValueNumbers
+from ...graph.values import ValueNumbers
+from .positions import CAUSAL, MaskFunction
 
 # Evaluations of the mask one start at a time, at most, where torch.vmap cannot batch them (a
 # few seconds): beyond, the mask is not proven.

@@ -26,6 +26,7 @@ from torch.export.graph_signature import InputKind
 
 from ...graph.node_meta import tensor_val
 from ...graph.sdpa import sdpa_args
+from ...graph.values import written_placeholders
 from . import pairing
 
 aten = torch.ops.aten
@@ -66,20 +67,6 @@ class CacheAttention:
     def value_dim(self) -> int:
         """The value's head size (the output's), which may differ from the key's."""
         return self.value.shape[3]
-
-
-def written_placeholders(program: ExportedProgram) -> dict:
-    """{placeholder: [nodes writing into it in place]} (an op whose schema marks the argument
-    ``Tensor(a!)``, given the placeholder itself)."""
-    writes: dict = {}
-    for node in program.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        for argument, given in zip(node.target._schema.arguments, node.args):
-            if argument.alias_info is not None and argument.alias_info.is_write and \
-                    isinstance(given, torch.fx.Node) and given.op == "placeholder":
-                writes.setdefault(given, []).append(node)
-    return writes
 
 
 def buffer_targets(program: ExportedProgram) -> dict:

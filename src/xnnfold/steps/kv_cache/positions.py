@@ -16,6 +16,7 @@ import torch
 import torch.fx
 
 from ...graph.node_meta import tensor_val
+from ...graph.values import ValueNumbers, same_size
 
 aten = torch.ops.aten
 CAUSAL = "causal from the cache position"
@@ -40,19 +41,6 @@ def _arange_length(node):
     return None
 
 
-def same_size(a, b) -> bool:
-    """Whether two sizes are one: equal ints, or SymInts of one expression (never a guard)."""
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
-        return a.node.expr == b.node.expr
-    return False
-
-
-def same_shape(a, b) -> bool:
-    return len(a) == len(b) and all(same_size(x, y) for x, y in zip(a, b))
-
-
 def length_bounds(length, cache: int) -> Optional[range]:
     """The lengths a step of ``length`` rows may have (1 .. at most ``cache``): ``[length]``,
     or the range a dynamic length's ShapeEnv allows; None if it has no finite bounds."""
@@ -65,64 +53,6 @@ def length_bounds(length, cache: int) -> Optional[range]:
     except (TypeError, ValueError, OverflowError):    # unbounded (int_oo) or not a number
         return None
     return range(max(low, 1), min(high, cache) + 1)
-
-
-# Ops whose value is their first input's when dtype and shape are kept (a copy, a cast to the
-# same dtype).
-_SAME_VALUE = (aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten._to_copy.default,
-               aten.clone.default, aten.alias.default, aten.detach.default)
-
-
-class ValueNumbers:
-    """Which nodes of a graph hold the same value: a node is numbered as the first node of the
-    same op on the same (numbered) arguments, and a same-dtype, same-shape cast or copy — and
-    ``copy_(buffer, x)``, whose value is ``x`` — as its source. transformers copies
-    ``cache_position[0]`` into each layer's ``cumulative_length`` buffer and reads it back with
-    ``.to(int64)``: every layer has start nodes of its own, all one value."""
-
-    def __init__(self, graph: torch.fx.Graph, written: set):
-        self.number: dict = {}
-        self._written = written    # placeholders written in place: a read of one is its own
-        seen: dict = {}
-        for node in graph.nodes:
-            self.number[node] = self._number(node, seen)
-
-    def _number(self, node, seen) -> torch.fx.Node:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            return node
-        source = None
-        if node.target is aten.copy_.default and isinstance(node.args[1], torch.fx.Node):
-            source = node.args[1]          # its value is what it copies, whatever it writes
-        elif any(i in self._written for i in node.all_input_nodes):
-            return node
-        elif node.target in _SAME_VALUE and isinstance(node.args[0], torch.fx.Node):
-            source = node.args[0]
-        if source is not None:
-            a, b = tensor_val(node), tensor_val(source)
-            if a is not None and b is not None and a.dtype == b.dtype and \
-                    same_shape(a.shape, b.shape):
-                return self.number[source]
-        if node.target._schema.is_mutable:
-            return node
-        try:
-            key = (node.target, _key(node.args, self.number), _key(node.kwargs, self.number))
-            hash(key)
-        except TypeError:
-            return node
-        return seen.setdefault(key, node)
-
-    def __call__(self, node: torch.fx.Node) -> torch.fx.Node:
-        return self.number.get(node, node)
-
-
-def _key(value, number):
-    if isinstance(value, torch.fx.Node):
-        return ("node", number[value])
-    if isinstance(value, (list, tuple)):
-        return tuple(_key(v, number) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _key(v, number)) for k, v in value.items()))
-    return value
 
 
 def start_of(positions: torch.fx.Node, numbers: ValueNumbers) -> Optional[torch.fx.Node]:

@@ -28,7 +28,7 @@ import torch.fx
 
 from ...graph.node_meta import tensor_val
 from ...graph.emit import Emitter, reshape_arg
-from .positions import same_size
+from ...graph.values import same_size
 
 aten = torch.ops.aten
 _TIMES = (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar)
