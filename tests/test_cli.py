@@ -44,11 +44,12 @@ def test_explain(saved, capsys):
     assert cli.main(["explain", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines[2:]
-            if "packed projection" not in line and not line.startswith("attention step:")]
+            if "packed projection" not in line and " step: " not in line]
     assert {tuple(row[1:3]) for row in rows} == {("mha", "(MultiheadAttention)")}, rows
     assert [row[5] for row in rows] == ["folded"] * 6 + ["plain"] * 2
     assert any(line.startswith("attention step: attention") for line in lines), lines
     assert any("packed projection of 2 parts split into" in line for line in lines), lines
+    assert any(line.startswith("fold step: 6 constant(s) folded") for line in lines), lines
 
 
 @pytest.mark.parametrize("kind", ["missing", "directory", "not_pt2", "corrupt", "not_program"])

@@ -13,7 +13,7 @@ from executorch.exir import to_edge_transform_and_lower
 from torch import nn
 
 import xnnfold
-from xnnfold import partitioner, pipeline
+from xnnfold import partitioner, pipeline, shape_env
 from xnnfold.steps.fold.probe import fast as fast_probe, verified as verified_probe
 from xnnfold import models
 from xnnfold.pte import STOCK, XNNFOLD, compare_outputs, lower, run_pte
@@ -181,7 +181,7 @@ def test_a_disagreement_fails_the_fold_naming_the_gemm(monkeypatch):
     """The verification guard: a fast probe that declines everything must be caught."""
     monkeypatch.setattr(fast_probe.FastProbe, "__call__", lambda self, program, constants: set())
     ep = torch.export.export(PackedPair(), (torch.randn(5, K),))
-    verified = xnnfold.fold_gemm_params(ep, config=VERIFIED)
+    verified = xnnfold.fold_gemm_params(ep, config=Config(strict=False, verify_probe=True))
     assert verified.fallback is not None and "disagreement" in verified.fallback
     assert "linear" in verified.fallback
     unverified = xnnfold.fold_gemm_params(ep, config=FAST)
@@ -267,7 +267,7 @@ def test_data_dependent_program_lowers_with_xnnfold_then_stock(dynamic):
 
 def test_own_shape_env_is_load_bearing(monkeypatch):
     """Without the isolation, xnnfold's lowering leaves the caller's ShapeEnv unlowerable."""
-    monkeypatch.setattr(partitioner, "give_own_shape_env", lambda program: None)
+    monkeypatch.setattr(shape_env, "give_own_shape_env", lambda program: None)
     monkeypatch.setattr(xnnfold_config, "DEFAULT", FAST)   # the fast probe alone leaves nothing
     torch.manual_seed(0)
     ep = torch.export.export(MaskedAndWeightNorm().eval(), (torch.randn(4, K),))

@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold import analysis, pipeline, rules
+from xnnfold import analysis, pipeline
+from xnnfold.steps.fold import rules
 from xnnfold.steps import canonical, fold, runtime_weight
+import xnnfold.steps.fold.apply  # noqa: F401  (a guard below is patched there)
 from xnnfold.decision import Decline, Rule
 from xnnfold.steps.fold.rules import DEFAULT_RULES
 
@@ -245,7 +247,7 @@ GUARDS = [
     ("same-dtype casts", (analysis, "removed_by_decomposition", lambda node: None),
      UnexpectedFold),
     # without it the param stays for its assertion: the no-growth guard sends us to stock
-    ("metadata assertion of a cast param", (fold, "is_metadata_assertion", lambda node: False),
+    ("metadata assertion of a cast param", (fold.apply, "is_metadata_assertion", lambda node: False),
      Fallback),
     # kept as addmm, each part would be folded twice (W and W.t()): the size rule declines
     ("linear and transposed addmm", (canonical, "linear_args", lambda node: None),
