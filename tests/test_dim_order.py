@@ -69,7 +69,8 @@ def test_without_the_mask_index_step_the_lowering_names_what_will_fail(
         query_decoder, monkeypatch, xnnfold_log):
     # The .pte executorch 1.5.1 makes of the where (stock's portable lowering, or xnnfold's
     # without the step) fails on the runtime; the lowering says so first, naming the nodes.
-    monkeypatch.setattr(pipeline, "STEPS", tuple(s for s in pipeline.STEPS if s.name != "mask_index"))
+    without = tuple(step for step in pipeline.STEPS if step.name != "mask_index")
+    monkeypatch.setattr(pipeline, "STEPS", without)
     model, inputs = query_decoder
     folded = lower(torch.export.export(model, inputs), XNNFOLD)
     (warning,) = dim_order_warnings(xnnfold_log)

@@ -247,7 +247,8 @@ GUARDS = [
     ("same-dtype casts", (analysis, "removed_by_decomposition", lambda node: None),
      UnexpectedFold),
     # without it the param stays for its assertion: the no-growth guard sends us to stock
-    ("metadata assertion of a cast param", (fold.apply, "is_metadata_assertion", lambda node: False),
+    ("metadata assertion of a cast param",
+     (fold.apply, "is_metadata_assertion", lambda node: False),
      Fallback),
     # kept as addmm, each part would be folded twice (W and W.t()): the size rule declines
     ("linear and transposed addmm", (canonical, "linear_args", lambda node: None),
