@@ -113,21 +113,23 @@ def test_the_check_runs_where_torch_does_not_import(folder):
 
 
 def test_help_and_version_without_torch(folder):
-    commands = ["report", "lower", "explain", "hf", "bench"]
-    results = _main_each([["--help"], ["--version"]] + [[c, "--help"] for c in commands],
-                         folder)
-    assert all(code == 0 for code, _ in results), results
+    commands = ["report", "lower", "explain", "hf", "generate", "bench"]
+    # --version after a subcommand too, its required arguments missing
+    results = _main_each([["--help"], ["--version"]] + [[c, "--help"] for c in commands] +
+                         [[c, "--version"] for c in commands], folder)
+    assert all(code == 0 and not err for code, err in results), results
     code = ("import io, contextlib\nfrom xnnfold.cli import main\n"
             "for argv in (['--version'], ['report', '--help'], ['lower', '--help'], "
-            "['bench', '--help']):\n"
+            "['bench', '--help'], ['hf', '--version']):\n"
             "    out = io.StringIO()\n"
             "    with contextlib.redirect_stdout(out):\n"
             "        try:\n            main(argv)\n        except SystemExit:\n            pass\n"
             "    print(out.getvalue(), '=====')\n")
     done = _without_torch(code, folder)
     assert done.returncode == 0, done.stderr[-2000:]
-    version, report, lower, bench, _ = done.stdout.split("=====")
+    version, report, lower, bench, hf_version, _ = done.stdout.split("=====")
     assert version.strip().startswith("xnnfold 0.1.0 (torch ")
+    assert hf_version.strip() == version.strip()
     assert "(default: 20)" in report and "(default: out/report)" in report, report
     assert "(default: speed)" in lower and "--check" in lower, lower
     # the bench's help says what each script measures, from the package itself
