@@ -91,6 +91,9 @@ BAD = [  # argv, what the one line says
     (["hf", "gpt", "-o", "existing"], "existing: is a folder"),
     (["hf", "gpt", "-o", "g.pte", "--reps", "0"], "--reps 0: must be at least 1"),
     (["bench", "nope"], "bench: argument NAME: invalid choice: 'nope'"),
+    # a list that starts with a negative number is a value, not an unknown option
+    (["generate", "x.pte", "--tokens", "-5,2"],
+     "--tokens '-5,2': token ids are 0 or more, not -5"),
     ([], "the following arguments are required: COMMAND"),
 ]
 

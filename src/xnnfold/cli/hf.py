@@ -100,6 +100,9 @@ def _check_generate(args) -> None:
         raise UsageError(f"--tokens {args.tokens!r}: expected comma-separated token ids")
     if not args.prompt:
         raise UsageError("--tokens: give at least one token id")
+    negative = [t for t in args.prompt if t < 0]
+    if negative:
+        raise UsageError(f"--tokens {args.tokens!r}: token ids are 0 or more, not {negative[0]}")
     if args.max_new < 1:
         raise UsageError(f"--max-new {args.max_new}: generate at least one token")
     if args.threads is not None:
