@@ -57,6 +57,10 @@ def folder(tmp_path_factory):
     (folder / "gpt").mkdir()
     (folder / "gpt" / "config.json").write_text(json.dumps(
         {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_positions": 64}))
+    (folder / "vit").mkdir()
+    (folder / "vit" / "config.json").write_text(json.dumps(
+        {"model_type": "vit", "architectures": ["ViTForImageClassification"],
+         "image_size": 16, "num_channels": 3}))
     (folder / "empty").mkdir()
     (folder / "notes.txt").write_text("x")
     (folder / "existing").mkdir()
@@ -90,6 +94,12 @@ BAD = [  # argv, what the one line says
     (["hf", "missing", "-o", "g.pte"], "missing: no such folder"),
     (["hf", "gpt", "-o", "existing"], "existing: is a folder"),
     (["hf", "gpt", "-o", "g.pte", "--reps", "0"], "--reps 0: must be at least 1"),
+    # options of a KV cache where there is none: refused, not ignored
+    (["hf", "vit", "-o", "v.pte", "--max-cache", "5"], "--max-cache: options of a KV cache; "
+     "ViTForImageClassification has none (a causal LM's generation .pte has one)"),
+    (["hf", "gpt", "-o", "g.pte", "--no-cache", "--max-prefill", "4", "--llm-kernels"],
+     "--max-prefill and --llm-kernels: options of a KV cache; --no-cache exports the logits "
+     "without one"),
     (["bench", "nope"], "bench: argument NAME: invalid choice: 'nope'"),
     # a list that starts with a negative number is a value, not an unknown option
     (["generate", "x.pte", "--tokens", "-5,2"],
@@ -105,7 +115,7 @@ def test_bad_input_is_one_line_and_exit_2_before_torch(folder):
         assert code == 2 and len(lines) == 1, (argv, code, err)
         assert lines[0].startswith("xnnfold: error: ") and says in lines[0], (argv, lines)
     assert sorted(p.name for p in folder.iterdir()) == [
-        "empty", "existing", "gpt", "mymodel.py", "notes.txt"]      # nothing left behind
+        "empty", "existing", "gpt", "mymodel.py", "notes.txt", "vit"]  # nothing left behind
 
 
 def test_the_check_runs_where_torch_does_not_import(folder):

@@ -100,8 +100,10 @@ def test_cache_sizes_checked_from_the_config(tmp_path, options, message):
     folder = _folder(tmp_path, "LlamaForCausalLM", "llama", **TEXT)
     with pytest.raises(UsageError, match=message):
         hf_plan.plan(folder, options.pop("tokens", 8), True, **options)
-    # --no-cache: no cache to size
-    assert hf_plan.plan(folder, 8, False, **options).kind == hf_plan.CAUSAL_LM
+    # --no-cache: no cache to size, and its options refused rather than ignored
+    assert hf_plan.plan(folder, 8, False).kind == hf_plan.CAUSAL_LM
+    with pytest.raises(UsageError, match="options of a KV cache; --no-cache exports"):
+        hf_plan.plan(folder, 8, False, **options)
 
 
 def test_cache_defaults():

@@ -51,7 +51,7 @@ def _check_hf(args) -> None:
     # the class and the cache sizes first: a class hf does not export is refused as such,
     # whether or not transformers is installed
     args.plan = plan(args.folder, args.tokens, not args.no_cache, args.max_cache,
-                     args.max_prefill)
+                     args.max_prefill, args.llm_kernels)
     require("hf", "tabulate", "transformers", install="pip install 'xnnfold[zoo]'")
 
 

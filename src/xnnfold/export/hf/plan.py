@@ -100,11 +100,12 @@ def _kind(architecture: str, config: dict) -> Optional[str]:
 
 
 def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[int] = None,
-         max_prefill: Optional[int] = None) -> Plan:
+         max_prefill: Optional[int] = None, llm_kernels: bool = False) -> Plan:
     """What ``folder`` exports as, from its config.json alone (no torch, no weights): the
     class its ``architectures`` names. :class:`UsageError`, one line, for a class xnnfold hf
-    does not export, or ``tokens`` or (a causal LM with a ``cache``) cache sizes the model
-    cannot take."""
+    does not export, ``tokens`` or (a causal LM with a ``cache``) cache sizes the model
+    cannot take, or options of a KV cache (``max_cache``, ``max_prefill``, ``llm_kernels``)
+    for an export that has none."""
     config = _read_config(folder)
     architectures = config.get("architectures") or []
     model_type = str(config.get("model_type", "?"))
@@ -129,8 +130,16 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
     if kind not in (IMAGE_LOGITS, VISION_BASE) and positions is not None and tokens > positions:
         raise UsageError(f"--tokens {tokens} is beyond the model's {positions} positions "
                          f"({architecture})")
+    cache_options = [option for option, given in (
+        ("--max-cache", max_cache is not None), ("--max-prefill", max_prefill is not None),
+        ("--llm-kernels", llm_kernels)) if given]
     if kind == CAUSAL_LM and cache:
         _check_cache(positions, tokens, max_cache, max_prefill)
+    elif cache_options:           # they would be ignored: say so rather than export without
+        raise UsageError(f"{' and '.join(cache_options)}: options of a KV cache; "
+                         + ("--no-cache exports the logits without one" if kind == CAUSAL_LM
+                            else f"{architecture} has none (a causal LM's generation .pte "
+                            "has one)"))
     return Plan(folder, kind, architecture, model_type, config, positions)
 
 
