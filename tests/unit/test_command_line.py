@@ -61,6 +61,9 @@ def folder(tmp_path_factory):
     (folder / "vit" / "config.json").write_text(json.dumps(
         {"model_type": "vit", "architectures": ["ViTForImageClassification"],
          "image_size": 16, "num_channels": 3}))
+    (folder / "mamba").mkdir()
+    (folder / "mamba" / "config.json").write_text(json.dumps(
+        {"model_type": "mamba", "architectures": ["MambaForCausalLM"], "state_size": 16}))
     (folder / "empty").mkdir()
     (folder / "notes.txt").write_text("x")
     (folder / "existing").mkdir()
@@ -94,6 +97,10 @@ BAD = [  # argv, what the one line says
     (["hf", "missing", "-o", "g.pte"], "missing: no such folder"),
     (["hf", "gpt", "-o", "existing"], "existing: is a folder"),
     (["hf", "gpt", "-o", "g.pte", "--reps", "0"], "--reps 0: must be at least 1"),
+    # a state between tokens other than a KV cache: refused from config.json, not after
+    # loading transformers and the weights
+    (["hf", "mamba", "-o", "m.pte"], "mamba: MambaForCausalLM (model type 'mamba') keeps a "
+     "recurrent state between tokens: a generation .pte holds a KV cache of attention only"),
     # options of a KV cache where there is none: refused, not ignored
     (["hf", "vit", "-o", "v.pte", "--max-cache", "5"], "--max-cache: options of a KV cache; "
      "ViTForImageClassification has none (a causal LM's generation .pte has one)"),
@@ -115,7 +122,8 @@ def test_bad_input_is_one_line_and_exit_2_before_torch(folder):
         assert code == 2 and len(lines) == 1, (argv, code, err)
         assert lines[0].startswith("xnnfold: error: ") and says in lines[0], (argv, lines)
     assert sorted(p.name for p in folder.iterdir()) == [
-        "empty", "existing", "gpt", "mymodel.py", "notes.txt", "vit"]  # nothing left behind
+        "empty", "existing", "gpt", "mamba", "mymodel.py", "notes.txt",
+        "vit"]                                                       # nothing left behind
 
 
 def test_the_check_runs_where_torch_does_not_import(folder):

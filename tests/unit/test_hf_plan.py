@@ -60,6 +60,41 @@ def test_other_classes_are_refused_naming_the_class(tmp_path, architecture, mode
         hf_plan.plan(_folder(tmp_path, architecture, model_type, **config))
 
 
+CAUSAL = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2)
+
+
+@pytest.mark.parametrize("architecture, model_type, config, state", [
+    ("MambaForCausalLM", "mamba", dict(CAUSAL, state_size=8), "a recurrent state"),
+    ("RwkvForCausalLM", "rwkv", dict(CAUSAL, attention_hidden_size=32), "a recurrent state"),
+    ("xLSTMForCausalLM", "xlstm", dict(CAUSAL, num_heads=2), "a recurrent state"),
+    ("Lfm2ForCausalLM", "lfm2", dict(CAUSAL, layer_types=["conv", "full_attention"]),
+     "the state of its conv layers \\(layer_types\\)"),
+    ("RecurrentGemmaForCausalLM", "recurrent_gemma",
+     dict(CAUSAL, block_types=["recurrent", "attention"]),
+     "the state of its recurrent layers \\(block_types\\)"),
+    ("Qwen3NextForCausalLM", "qwen3_next",
+     dict(CAUSAL, layer_types=["linear_attention", "full_attention"]),
+     "the state of its linear_attention layers"),
+    ("JambaForCausalLM", "jamba", dict(CAUSAL, mamba_d_state=8, attn_layer_period=2),
+     "a state-space or convolution state \\(mamba_d_state\\)"),
+])
+def test_causal_lms_without_only_a_kv_cache_are_refused_from_the_config(
+        tmp_path, architecture, model_type, config, state):
+    """Mamba, RWKV and hybrids: refused from config.json (the export failed after 11-25 s of
+    loading); their logits without a cache are still exported."""
+    folder = _folder(tmp_path, architecture, model_type, **config)
+    with pytest.raises(UsageError, match=f"{architecture} \\(model type '{model_type}'\\) "
+                       f"keeps {state}.* between tokens: a generation .pte holds a KV cache"):
+        hf_plan.plan(folder)
+    assert hf_plan.plan(folder, cache=False).kind == hf_plan.CAUSAL_LM
+
+
+def test_attention_layers_of_every_kind_hold_a_kv_cache(tmp_path):
+    folder = _folder(tmp_path, "Gemma2ForCausalLM", "gemma2", **dict(
+        CAUSAL, layer_types=["full_attention", "sliding_attention"], num_attention_heads=2))
+    assert hf_plan.plan(folder).kind == hf_plan.CAUSAL_LM
+
+
 def test_refused_in_well_under_a_second_without_transformers(tmp_path, capsys, monkeypatch):
     """The refusal comes from config.json: with transformers unimportable the command still
     refuses the class (not "needs transformers"), and the folder holds no weights to load."""

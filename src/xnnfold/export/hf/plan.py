@@ -24,6 +24,17 @@ _TEXT_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForMasked
 _POSITIONS_AFTER_PADDING = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert",
                             "data2vec-text", "ibert", "longformer", "mpnet",
                             "roberta-prelayernorm", "xmod", "esm", "luke"}
+# Causal LMs whose state between tokens is not (only) a KV cache of attention: transformers'
+# static cache has no rows for it, and the generation export failed after loading the weights
+# (transformers 5.25, 11-25 s: "does not support ... scaled_dot_product_attention", with
+# --attention eager "'MambaConfig' object has no attribute 'num_attention_heads'", hybrids
+# "'LinearAttentionLayer' object has no attribute 'keys'"). Told from config.json: the model
+# types of recurrent families, the layer kinds of hybrid ones, the keys of a state-space or
+# convolution state.
+_RECURRENT_TYPES = ("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm")
+_LAYER_LISTS = ("layer_types", "block_types", "layers_block_type")
+_STATE_LAYERS = ("linear_attention", "conv", "hybrid", "hybrid_sliding", "recurrent", "mamba")
+_STATE_KEYS = ("mamba_d_state", "ssm_state_size", "state_size", "conv_L_cache", "lru_width")
 _KINDS = ("a causal LM (...ForCausalLM, ...LMHeadModel), Whisper, a text seq2seq model (T5, "
           "BART: ...ForConditionalGeneration), a text classifier or tagger "
           f"({', '.join('...' + h for h in _TEXT_HEADS)}), an image classifier, CLIPModel, "
@@ -99,6 +110,24 @@ def _kind(architecture: str, config: dict) -> Optional[str]:
     return None
 
 
+def _state_besides_a_kv_cache(config: dict) -> Optional[str]:
+    """What a causal LM's config says it keeps between tokens besides a KV cache of
+    attention, or None."""
+    for source in (config, config.get("text_config") or {}):
+        if source.get("model_type") in _RECURRENT_TYPES:
+            return "a recurrent state"
+        for key in _LAYER_LISTS:
+            kinds = source.get(key)
+            found = sorted({k for k in kinds if k in _STATE_LAYERS}) if isinstance(
+                kinds, list) else []
+            if found:
+                return f"the state of its {', '.join(found)} layers ({key})"
+        key = next((k for k in _STATE_KEYS if k in source), None)
+        if key is not None:
+            return f"a state-space or convolution state ({key})"
+    return None
+
+
 def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[int] = None,
          max_prefill: Optional[int] = None, llm_kernels: bool = False) -> Plan:
     """What ``folder`` exports as, from its config.json alone (no torch, no weights): the
@@ -134,6 +163,11 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
         ("--max-cache", max_cache is not None), ("--max-prefill", max_prefill is not None),
         ("--llm-kernels", llm_kernels)) if given]
     if kind == CAUSAL_LM and cache:
+        state = _state_besides_a_kv_cache(config)
+        if state is not None:
+            raise UsageError(f"{folder}: {architecture} (model type {model_type!r}) keeps "
+                             f"{state} between tokens: a generation .pte holds a KV cache of "
+                             "attention only (--no-cache exports its logits without a cache)")
         _check_cache(positions, tokens, max_cache, max_prefill)
     elif cache_options:           # they would be ignored: say so rather than export without
         raise UsageError(f"{' and '.join(cache_options)}: options of a KV cache; "
