@@ -78,6 +78,12 @@ BAD = [  # argv, what the one line says
     (["lower", "mymodel:build", "-o", UNWRITABLE], "cannot be written"),
     (["lower", "nope.pt2", "-o", "x.pte"], "nope.pt2: no such file"),
     (["lower", "mymodel", "-o", "x.pte"], "no such file, nor package.module:function"),
+    # a factory's module looked up before any import (it was found missing after torch's)
+    (["lower", "nomodule:build", "-o", "x.pte"],
+     "nomodule:build: no module nomodule in "),
+    (["lower", "mymodel.sub:build", "-o", "x.pte"],
+     "mymodel.sub:build: mymodel is a module, not a package"),
+    (["report", "mymodel:build", "nomodule.sub:build"], "no module nomodule in "),
     (["lower", "notes.txt", "-o", "x.pte"], "not a .pt2 file"),
     (["lower", "mymodel:build", "-o", "x.pte", "--quantize", "int4"],
      "lower: argument --quantize: invalid choice: 'int4'"),
@@ -124,6 +130,20 @@ def test_bad_input_is_one_line_and_exit_2_before_torch(folder):
     assert sorted(p.name for p in folder.iterdir()) == [
         "empty", "existing", "gpt", "mamba", "mymodel.py", "notes.txt",
         "vit"]                                                       # nothing left behind
+
+
+def test_a_factory_module_is_found_without_running_its_code(tmp_path):
+    from xnnfold.models.sources import missing_module
+
+    (tmp_path / "pkgx").mkdir()
+    (tmp_path / "pkgx" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (tmp_path / "pkgx" / "sub.py").write_text("raise SystemExit('imported')\n")
+    assert missing_module("pkgx.sub:build", str(tmp_path)) is None   # nothing imported
+    (tmp_path / "pkgy").mkdir()
+    (tmp_path / "pkgy" / "__init__.py").write_text("")
+    assert missing_module("pkgy.nope:build", str(tmp_path)) == "no module pkgy.nope in " \
+        "package pkgy"
+    assert missing_module("os.path:join", str(tmp_path)) is None      # set up by os itself
 
 
 def test_the_check_runs_where_torch_does_not_import(folder):

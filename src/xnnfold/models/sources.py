@@ -116,6 +116,46 @@ def _in_eval_mode(module):
         return module
 
 
+def missing_module(spec: str, folder: str) -> Optional[str]:
+    """Why the module of factory ``spec`` cannot be imported, told before anything is imported
+    (the factory's own import comes after torch's, 30 s later), or None when it is there:
+    each package of its dotted name looked up from ``folder`` (first on ``sys.path``, as the
+    factory's import puts it) and the installed packages without running their code. A
+    submodule not where its package's spec says is looked up again with its package imported
+    (``os.path``; a package that extends its ``__path__`` when imported)."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = spec.split(":")[0].split(".")
+    top = parts[0]
+    found = importlib.machinery.PathFinder.find_spec(top, [folder, *sys.path])
+    if found is None:
+        try:          # a top-level name: the meta path finders run, no module's code
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            found = None
+    if found is None:
+        return f"no module {top} in {folder} nor among the installed packages"
+    for index in range(1, len(parts)):
+        name, locations = ".".join(parts[:index + 1]), found.submodule_search_locations
+        found = None if locations is None else \
+            importlib.machinery.PathFinder.find_spec(name, list(locations))
+        if found is None:
+            if folder not in sys.path:
+                sys.path.insert(0, folder)           # as the factory's import will
+            try:
+                found = importlib.util.find_spec(name)
+            except ModuleNotFoundError:
+                found = None
+            except Exception:  # noqa: BLE001 - the factory's import will say what fails
+                return None
+        if found is None:
+            parent = ".".join(parts[:index])
+            return f"{parent} is a module, not a package" if locations is None else \
+                f"no module {name} in package {parent}"
+    return None
+
+
 def _from_factory(spec: str, cwd: Optional[str]):
     import torch
 
