@@ -170,6 +170,27 @@ def test_quantize_builds_the_converted_model_of_a_factory(user_folder, monkeypat
         ModelSource.of("mymodel:build", "int4")
 
 
+@pytest.mark.parametrize("returned, says", [
+    ("torch.nn.Linear(2, 2), 'x'",
+     "element 1 of the tuple it returned is a str, not a tuple of inputs"),
+    ("torch.nn.Linear(2, 2), torch.ones(2)",
+     "element 1 of the tuple it returned is a Tensor, not a tuple of inputs (one input x: "
+     "(x,))"),
+    ("'model', (torch.ones(2),)", "element 0 of the tuple it returned is a str, not a module"),
+    ("torch.nn.Linear(2, 2)", "it returned a Linear"),
+])
+def test_a_factory_returning_something_else_is_named(tmp_path, monkeypatch, capsys, returned,
+                                                      says):
+    (tmp_path / "wrongfactory.py").write_text(f"import torch\ndef build():\n    return "
+                                              f"{returned}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "wrongfactory", raising=False)
+    assert cli.main(["explain", "wrongfactory:build"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["xnnfold: error: wrongfactory:build: the factory must return "
+                   "(torch.nn.Module, tuple of example inputs[, dynamic_shapes]); " + says], err
+
+
 def test_bench_scripts_are_commands(tmp_path):
     from xnnfold.bench.scripts import SCRIPTS
     import importlib.util

@@ -176,12 +176,31 @@ def _from_factory(spec: str, cwd: Optional[str]):
         made = factory()
     except Exception as error:  # noqa: BLE001
         raise UsageError(f"{spec}: the factory raised {first_line(error)}")
-    if not (isinstance(made, tuple) and len(made) in (2, 3)
-            and isinstance(made[0], torch.nn.Module) and isinstance(made[1], tuple)):
+    wrong = _not_a_factory_result(made, torch.nn.Module)
+    if wrong:
         raise UsageError(f"{spec}: the factory must return (torch.nn.Module, tuple of example "
-                         f"inputs[, dynamic_shapes]), got {type(made).__name__}")
+                         f"inputs[, dynamic_shapes]); {wrong}")
     return Case(spec, _in_eval_mode(made[0]), made[1],
                 dynamic_shapes=made[2] if len(made) == 3 else None)
+
+
+def _not_a_factory_result(made, module_class) -> Optional[str]:
+    """What is wrong with what a factory returned, naming the element and its type; None if
+    it is ``(module, tuple of inputs[, dynamic_shapes])``."""
+    def kind(value) -> str:
+        return type(value).__name__
+
+    if not isinstance(made, tuple):
+        return f"it returned a {kind(made)}"
+    if len(made) not in (2, 3):
+        return f"it returned a tuple of {len(made)} element(s): " + \
+            ", ".join(kind(v) for v in made)
+    if not isinstance(made[0], module_class):
+        return f"element 0 of the tuple it returned is a {kind(made[0])}, not a module"
+    if not isinstance(made[1], tuple):
+        return (f"element 1 of the tuple it returned is a {kind(made[1])}, not a tuple of "
+                "inputs" + (" (one input x: (x,))" if hasattr(made[1], "shape") else ""))
+    return None
 
 
 def pt2_file(path: str) -> None:
