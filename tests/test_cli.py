@@ -51,20 +51,33 @@ def test_explain(saved, capsys):
     assert any("packed projection of 2 parts split into" in line for line in lines), lines
 
 
-@pytest.mark.parametrize("kind", ["missing", "directory", "not_pt2", "corrupt", "not_program"])
+@pytest.mark.parametrize("kind", ["missing", "directory", "not_pt2", "corrupt", "not_program",
+                                  "not_an_export_archive"])
 def test_bad_input_is_one_line_and_exit_2(kind, tmp_path, capsys):
+    import zipfile
+
     path = {"missing": tmp_path / "nope.pt2", "directory": tmp_path,
             "not_pt2": tmp_path / "model.pt", "corrupt": tmp_path / "bad.pt2",
-            "not_program": tmp_path / "tensor.pt2"}[kind]
+            "not_program": tmp_path / "tensor.pt2",
+            "not_an_export_archive": tmp_path / "other.pt2"}[kind]
     if kind == "not_pt2":
         path.write_bytes(b"x")
     elif kind == "corrupt":
         path.write_bytes(b"PK\x03\x04 this is not a zip archive")
     elif kind == "not_program":
         torch.save(torch.randn(3), str(path))
+    elif kind == "not_an_export_archive":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "x")
     assert cli.main(["explain", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("xnnfold: error:") and str(path) in err[0], err
+    if kind == "not_an_export_archive":
+        # torch's error says "check the warnings above", which the command hides: the line
+        # says what they said
+        assert "warnings above" not in err[0] and "torch warned: RuntimeError: [enforce fail " \
+            "at inline_container.cc:180] . file in archive is not in a subdirectory: " \
+            "notes.txt" in err[0], err
 
 
 def test_bad_output_folder(saved, tmp_path, capsys):

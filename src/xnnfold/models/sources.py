@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import logging
 import os
 import re
 import sys
@@ -214,16 +215,57 @@ def pt2_file(path: str) -> None:
         raise UsageError(f"{path}: not a .pt2 file (save one with torch.export.save)")
 
 
+class _Said(logging.Handler):
+    """The first line of each warning logged to it (of its exception, if it carries one)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list = []
+
+    def emit(self, record) -> None:
+        error = record.exc_info[1] if record.exc_info else None
+        self.lines.append(first_line(error) if error is not None else
+                          record.getMessage().strip().splitlines()[0])
+
+
+@contextlib.contextmanager
+def _warnings_said(logger_name: str):
+    """The warnings ``logger_name`` logs and Python's warnings, collected while inside (the
+    command line hides both from the terminal), in the list it yields."""
+    import warnings
+
+    logger, said = logging.getLogger(logger_name), _Said()
+    level = logger.level
+    logger.addHandler(said)
+    if not logger.isEnabledFor(logging.WARNING):         # raised to ERROR by quiet()
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield said.lines
+    finally:
+        logger.removeHandler(said)
+        logger.setLevel(level)
+        said.lines.extend(str(w.message).strip().splitlines()[0] for w in caught
+                          if str(w.message).strip())
+
+
 def load_program(path: str):
-    """A program saved with ``torch.export.save``; any problem is the file's, in one line."""
+    """A program saved with ``torch.export.save``; any problem is the file's, in one line,
+    with what torch warned of while loading it (its error says "check the warnings above")."""
     import torch
     from torch.export import ExportedProgram
 
     pt2_file(path)
     try:
-        program = torch.export.load(path)
+        with _warnings_said("torch.export") as said:
+            program = torch.export.load(path)
     except Exception as error:  # noqa: BLE001 - any load failure is the file's problem
-        raise UsageError(f"{path}: cannot load the exported program ({first_line(error)})")
+        said_line = first_line(error)
+        if said:      # the warnings, in place of "Please check the warnings above ..."
+            said_line = re.sub(r"\s*Please check the warnings above.*", "", said_line) + \
+                f" torch warned: {'; '.join(dict.fromkeys(said))}"
+        raise UsageError(f"{path}: cannot load the exported program ({said_line})")
     if not isinstance(program, ExportedProgram):
         raise UsageError(f"{path}: holds a {type(program).__name__}, not an ExportedProgram")
     return program
