@@ -18,7 +18,7 @@ from typing import Sequence, Union
 
 import torch
 
-from ...pte.runner import load_llm_kernels
+from ...pte.runner import load_llm_kernels, verified_program
 
 PREFILL, DECODE = "prefill", "decode"
 
@@ -89,12 +89,10 @@ class Generator:
     """A generation-ready .pte (bytes or a path) loaded on the runtime."""
 
     def __init__(self, pte: Union[bytes, str, Path]):
-        from executorch.runtime import Runtime
-
         data = pte if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes()
         self._data = bytes(data)              # the loaded program reads from this buffer
         load_llm_kernels(self._data)
-        self._program = Runtime.get().load_program(self._data)
+        self._program = verified_program(self._data)
         methods = set(self._program.method_names)
         if not {PREFILL, DECODE} <= methods:
             raise NotAGenerationProgram(
