@@ -329,17 +329,25 @@ def test_generate_command(generation, capsys):
 
 @pytest.mark.parametrize("generation", ["llama"], indirect=True)
 def test_generate_bad_input_is_one_line(generation, capsys):
-    """One test for the four cases: a test of its own each could land on another xdist
-    worker, which would export the llama .pte again (50 s) for a check of the arguments."""
+    """One test for the cases: a test of its own each could land on another xdist worker,
+    which would export the llama .pte again (50 s) for a check of the arguments."""
     _, pte, _, _ = generation
     for argv, message in [
             (["--tokens", "1,x"], "--tokens '1,x': expected comma-separated token ids"),
             (["--tokens", "1", "--max-new", "0"], "--max-new 0: generate at least one token"),
             (["--tokens", "999"], "token 999 is outside the vocabulary (0 to 255)"),
-            (["--tokens", "1,2", "--max-new", "60"], "2 prompt token(s) + 60 new at position 0 "
-             "need 61 cache rows; this .pte has 56")]:
+            (["--tokens", "1,2", "--max-new", "60"], "2 prompt token(s) at position 0 leave "
+             "room for 55 new token(s) in this .pte's 56 cache rows"),
+            # the prompt alone too long: said as such, not as the warm-up's "+ 2 new"
+            (["--tokens", ",".join(["1"] * 60), "--max-new", "5"], "60 prompt token(s) at "
+             "position 0 need 60 cache rows; this .pte has 56")]:
         assert cli.main(["generate", str(pte), *argv]) == 2, argv
         assert capsys.readouterr().err.strip().endswith(message), argv
+    # a prompt that fills the cache takes one new token (from prefill): the warm-up asks
+    # no more than that
+    assert cli.main(["generate", str(pte), "--tokens", ",".join(["1"] * 56),
+                     "--max-new", "1"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("prompt: 56 token(s); generated 1: ")
 
 
 # --- the cache is shared between the methods, or the lowering says so ------------------------

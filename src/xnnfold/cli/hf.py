@@ -118,8 +118,8 @@ def _cmd_generate(args) -> int:
         set_threads(args.threads)
     try:
         generator = Generator(args.pte)
-        if args.warmup:                   # the first calls set up XNNPACK's operators
-            generator.generate(args.prompt, 2, stop_at_eos=False)
+        if args.warmup:       # the first calls set up XNNPACK's operators; never more
+            generator.generate(args.prompt, min(2, args.max_new), stop_at_eos=False)
         result = generator.generate(args.prompt, args.max_new,
                                     stop_at_eos=not args.ignore_eos)
     except (NotAGenerationProgram, ValueError) as error:

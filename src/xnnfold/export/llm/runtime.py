@@ -118,8 +118,12 @@ class Generator:
                              f"{self.vocab_size - 1})")
         end = start + len(tokens) + max(0, new - 1)
         if end > self.max_cache:
-            raise ValueError(f"{len(tokens)} prompt token(s) + {new} new at position {start} "
-                             f"need {end} cache rows; this .pte has {self.max_cache}")
+            # what the .pte holds, not what was asked: a caller's warm-up asks other sizes
+            room = self.max_cache - start - len(tokens) + 1     # the first comes from prefill
+            raise ValueError(f"{len(tokens)} prompt token(s) at position {start} " + (
+                f"need {start + len(tokens)} cache rows; this .pte has {self.max_cache}"
+                if room < 1 else f"leave room for {room} new token(s) in this .pte's "
+                f"{self.max_cache} cache rows"))
 
     def prefill(self, tokens: Sequence[int], start: int = 0) -> torch.Tensor:
         """Write ``tokens`` into the cache from position ``start``; the last one's logits,
