@@ -169,6 +169,9 @@ ARCHITECTURES = {
 # by llama::update_cache, attended by llama::custom_sdpa, in both methods
 LLM_KERNELS = "llama-llm-kernels"
 CACHE, PREFILL, PROMPT, NEW = 56, 16, 20, 32      # the prompt goes in as two prefill chunks
+# qwen2 asks for more rows than its 64 positions (the README's max_cache=1024): it gets 64, and
+# the notes `xnnfold hf` prints say so
+ASKED_CACHE, CACHE_ROWS = {"qwen2": 1024}, {"qwen2": 64}
 
 
 @pytest.fixture(scope="module", params=[*ARCHITECTURES, LLM_KERNELS])
@@ -192,9 +195,10 @@ def _generation(name, tf, tmp_path_factory):
     seed_everything(f"generation-{architecture}")
     folder = _saved(tmp_path_factory.mktemp(name), ARCHITECTURES[architecture](tf))
     pte = folder / "generate.pte"
-    plan = hf_plan.plan(str(folder), 8, True, CACHE, PREFILL)
+    asked = ASKED_CACHE.get(name, CACHE)
+    plan = hf_plan.plan(str(folder), 8, True, asked, PREFILL)
     exported = hf.export_folder(plan, str(pte), compare=name == "llama", reps=2,
-                                max_cache=CACHE, max_prefill=PREFILL,
+                                max_cache=asked, max_prefill=PREFILL,
                                 llm_kernels=name == LLM_KERNELS)
     eager = tf.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
     eager.generation_config.eos_token_id = None          # 32 tokens, as the .pte's run
@@ -212,6 +216,11 @@ def test_hf_writes_one_checked_pte_with_prefill_and_decode(generation):
         assert row["outputs"].startswith("max abs diff") and row["gemms_outside"] == 0, row
     methods = Runtime.get().load_program(pte.read_bytes()).method_names
     assert {"prefill", "decode", "get_max_context_len", "get_max_seq_len"} <= set(methods)
+    rows = CACHE_ROWS.get(name, CACHE)
+    assert f"over a static KV cache of {rows} rows" in exported.notes[0], exported.notes
+    capped = [n for n in exported.notes if "is beyond" in n]
+    assert capped == (["--max-cache 1024 is beyond the model's 64 positions: a cache of 64 "
+                       "rows"] if name in ASKED_CACHE else []), exported.notes
 
 
 def _calls(pte) -> dict:
@@ -259,7 +268,8 @@ def test_greedy_tokens_equal_eager_transformers(generation):
     seed_everything(f"prompt-{name}")
     prompt = torch.randint(0, _LM["vocab_size"], (1, PROMPT))
     generator = Generator(pte)
-    assert (generator.max_cache, generator.max_prefill) == (CACHE, PREFILL)
+    assert (generator.max_cache, generator.max_prefill) == (CACHE_ROWS.get(name, CACHE),
+                                                            PREFILL)
     run = generator.generate(prompt[0].tolist(), NEW, stop_at_eos=False, keep_logits=True)
     with torch.no_grad():
         reference = eager.generate(prompt, max_new_tokens=NEW, do_sample=False,
@@ -408,6 +418,21 @@ def test_the_pass_and_the_runtime_helper_import_no_transformers():
     code = "import sys, xnnfold.partitioner; assert 'xnnfold.export.llm' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_api_caps_the_sizes_as_the_command_does_and_says_so(tf):
+    """The README's ``causal_lm_to_pte(model, max_cache=1024, max_prefill=128)`` raised
+    ValueError on a model of fewer positions, where ``xnnfold hf`` capped its default
+    silently: both cap (the same function) and say it, a warning here, a note there."""
+    from xnnfold.export.llm import export
+
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**dict(_LM, max_position_embeddings=48)))
+    with pytest.warns(UserWarning) as warned:
+        assert export.sizes(model, 1024, 128) == (48, 48)
+    assert [str(w.message) for w in warned] == [
+        "LlamaForCausalLM: max_cache 1024 is beyond the model's 48 positions: a cache of 48 "
+        "rows", "LlamaForCausalLM: max_prefill 128 is beyond the cache's 48 rows: prefills of "
+        "up to 48 tokens"]
 
 
 def test_logits_are_compared_at_the_scale_of_their_row():

@@ -125,9 +125,8 @@ def test_roberta_takes_its_last_usable_position(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(max_cache=64), "--max-cache 64 is beyond the model's 32 positions"),
     (dict(max_cache=1), "--max-cache 1: a cache needs at least 2 rows"),
-    (dict(max_prefill=40, max_cache=32), "--max-prefill 40: expected 1 to --max-cache"),
+    (dict(max_prefill=0), "--max-prefill 0: a prefill takes at least 1 token"),
     (dict(max_cache=10, tokens=8), "--tokens 8: the check runs 8 \\+ 4 positions, the cache "
      "has 10 rows"),
 ])
@@ -145,6 +144,24 @@ def test_cache_defaults():
     assert cache_sizes(None) == (1024, 128)
     assert cache_sizes(64) == (64, 64)            # capped by the model's positions
     assert cache_sizes(4096, 256) == (256, 128)
+
+
+def test_sizes_beyond_what_holds_them_are_capped_and_said(tmp_path):
+    """The cache by the model's positions, the prefill by the cache, asked or the default
+    (the API raised on the README's max_cache=1024 where the command capped its default
+    without a word); the command refuses none of them."""
+    said = []
+    assert cache_sizes(64, 1024, 128, said) == (64, 64)
+    assert said == ["max_cache 1024 is beyond the model's 64 positions: a cache of 64 rows",
+                    "max_prefill 128 is beyond the cache's 64 rows: prefills of up to 64 tokens"]
+    said = []
+    assert cache_sizes(64, None, None, said) == (64, 64)
+    assert said == ["max_cache 1024 (the default) is beyond the model's 64 positions: a cache "
+                    "of 64 rows"]             # the default prefill follows the cache, unsaid
+    said = []
+    assert cache_sizes(4096, 32, 40, said) == (32, 32) and len(said) == 1
+    folder = _folder(tmp_path, "LlamaForCausalLM", "llama", **TEXT)
+    assert hf_plan.plan(folder, 8, True, 1024, 128).kind == hf_plan.CAUSAL_LM
 
 
 @pytest.mark.parametrize("content, message", [

@@ -177,6 +177,11 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
     return Plan(folder, kind, architecture, model_type, config, positions)
 
 
+def as_options(text: str) -> str:
+    """:func:`~xnnfold.export.llm.sizes.cache_sizes`' words in the command's options."""
+    return text.replace("max_cache", "--max-cache").replace("max_prefill", "--max-prefill")
+
+
 def _check_cache(positions: Optional[int], tokens: int, max_cache: Optional[int],
                  max_prefill: Optional[int]) -> None:
     from ..llm.sizes import cache_sizes
@@ -184,8 +189,7 @@ def _check_cache(positions: Optional[int], tokens: int, max_cache: Optional[int]
     try:
         rows, _ = cache_sizes(positions, max_cache, max_prefill)
     except ValueError as error:
-        raise UsageError(str(error).replace("max_cache", "--max-cache").replace(
-            "max_prefill", "--max-prefill"))
+        raise UsageError(as_options(str(error)))
     if tokens + CHECK_STEPS > rows:
         raise UsageError(f"--tokens {tokens}: the check runs {tokens} + {CHECK_STEPS} "
                          f"positions, the cache has {rows} rows (--max-cache)")
