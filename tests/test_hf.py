@@ -88,8 +88,11 @@ def test_vit_classifier_gives_its_logits(tf, tmp_path, capsys):
         image_size=16, patch_size=8, num_labels=5)).eval()
     folder = _saved(tmp_path / "vit", model)
     assert cli.main(["hf", str(folder), "-o", str(tmp_path / "vit.pte")]) == 0
-    rows = _rows(capsys.readouterr().out)
+    printed = capsys.readouterr().out
+    rows = _rows(printed)
     assert rows["model", "xnnfold"][5:8] == ["max", "abs", "diff"], rows
+    assert printed.splitlines()[-1] == f"{tmp_path / 'vit.pte'}: takes pixel_values " \
+        "(1, 3, 16, 16) float32, these shapes only", printed
     image = torch.randn(1, 3, 16, 16)
     (logits,) = run_pte((tmp_path / "vit.pte").read_bytes(), (image,))
     with torch.no_grad():
@@ -120,9 +123,22 @@ def test_text_classifier_seq2seq_and_clip(tf, tmp_path, capsys):
     for name, model in folders.items():
         folder = _saved(tmp_path / name, model)
         assert cli.main(["hf", str(folder), "-o", str(tmp_path / f"{name}.pte")]) == 0, name
-        rows = _rows(capsys.readouterr().out)
+        printed = capsys.readouterr().out
+        rows = _rows(printed)
         assert sorted(p for p, _ in rows) == sorted(parts[name]), rows
         assert all(r[2] == "0" and r[5:8] == ["max", "abs", "diff"] for r in rows.values())
+        # the shapes each .pte takes (fixed), said
+        takes = [line.split(": takes ")[1] for line in printed.splitlines() if ": takes " in line]
+        assert takes == {
+            "bert": ["input_ids (1, 8) int64, attention_mask (1, 8) int64, these shapes only "
+                     "(--tokens 8 sets the text's length)"],
+            "t5": ["input_ids (1, 8) int64, attention_mask (1, 8) int64, these shapes only "
+                   "(--tokens 8 sets the text's length)",
+                   "tokens (1, 8) int64, states (1, 8, 32) float32, these shapes only "
+                   "(--tokens 8 sets the text's length)"],
+            "clip": ["input_ids (1, 8) int64, attention_mask (1, 8) int64, these shapes only "
+                     "(--tokens 8 sets the text's length)",
+                     "pixel_values (1, 3, 16, 16) float32, these shapes only"]}[name], printed
     ids, mask = torch.randint(0, 100, (1, 8)), torch.ones(1, 8, dtype=torch.long)
     mask[0, 5:] = 0
     (logits,) = run_pte((tmp_path / "bert.pte").read_bytes(), (ids, mask))

@@ -17,8 +17,9 @@ def _hf_arguments(parser) -> None:
                         "OUT.vision.pte)")
     parser.add_argument("--compare", action="store_true",
                         help="also lower with stock executorch; time both on the runtime")
-    parser.add_argument("--tokens", type=int, default=8, help="tokens of a text input (a "
-                        "causal LM: the prompt of the check)")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens of a text input: the "
+                        "length the .pte takes (a causal LM's generation .pte: the prompt of "
+                        "the check)")
     parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
                         help="transformers' attn_implementation for the export")
     parser.add_argument("--reps", type=int, default=10, help="timed rounds with --compare")

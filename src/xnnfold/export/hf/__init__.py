@@ -22,7 +22,10 @@ from config.json alone, before torch, transformers or the weights load (:func:`p
   config has ``image_size`` and ``num_channels``, else of ``input_ids`` + ``attention_mask``.
 
 Anything else is refused with one line naming the class. Random example inputs (seeded); a
-text input's mask pads its last token, so the check covers the mask. With ``--compare``, each
+text input's mask pads its last token, so the check covers the mask. Each .pte but a causal
+LM's generation .pte takes its example inputs' shapes only (a text of ``--tokens`` tokens), and
+the notes say them: exported with a dynamic text length, BERT, T5, CLIP's text encoder and
+GPT-2 lowered with none of xnnfold's rewrites (``xnnfold bench hf-text-length``). With ``--compare``, each
 program is also lowered with stock executorch and both .pte files are timed on the runtime
 (interleaved rounds). Why not optimum-executorch's export: see the README (*Hugging Face
 models*).
@@ -65,8 +68,15 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
         # the same error)
         judge = _logits_judge() if plan.kind == CAUSAL_LM else None
         for part in hf_parts.parts(plan, model, tokens):
-            _export_part(part, pte_path(output_path, part.name), exported, compare, reps,
-                         prefer, check, judge)
+            destination = pte_path(output_path, part.name)
+            _export_part(part, destination, exported, compare, reps, prefer, check, judge)
+            # exported with fixed shapes: a dynamic text length lowered with none of
+            # xnnfold's rewrites (xnnfold bench hf-text-length: BERT, T5, CLIP, GPT-2 twice
+            # the ops outside delegates, three times the delegate calls)
+            tokens_in = any(not t.is_floating_point() for t in part.inputs)
+            exported.notes.append(f"{destination}: takes {hf_parts.input_shapes(part)}, "
+                                  "these shapes only" + (f" (--tokens {tokens} sets the "
+                                                         "text's length)" if tokens_in else ""))
     ratios(exported.rows)
     return exported
 

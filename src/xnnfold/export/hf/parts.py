@@ -42,6 +42,16 @@ class _Call(nn.Module):
                        self.output)
 
 
+def input_shapes(part: Part) -> str:
+    """What the .pte of ``part`` takes, e.g. ``input_ids (1, 8) int64, attention_mask (1, 8)
+    int64``: its inputs by name, shape and dtype."""
+    module = part.module
+    names = module.names if isinstance(module, _Call) else \
+        tuple(inspect.signature(module.forward).parameters)
+    return ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                     for name, t in zip(names, part.inputs))
+
+
 def load(plan: "hf_plan.Plan", attention: str) -> nn.Module:
     """The class config.json names, with the folder's weights, in eval mode."""
     from ..transformers import import_transformers
