@@ -127,7 +127,11 @@ def test_quiet_unless_verbose(tmp_path):
     assert quiet.stdout.splitlines()[-1].startswith("GEMMs outside delegates: 0")
 
 
-def test_lower_from_a_factory_and_explain_all(tmp_path, capsys):
+def test_lower_from_a_factory_and_explain_all(tmp_path, capsys, monkeypatch):
+    """Neither command needs the bench extra (tqdm, matplotlib; tabulate comes with
+    executorch)."""
+    for extra in ("tqdm", "matplotlib"):
+        monkeypatch.setitem(sys.modules, extra, None)       # import raises ImportError
     out = tmp_path / "head.pte"
     assert cli.main(["lower", "bench_factories:mean_head", "-o", str(out)]) == 0
     assert "GEMMs outside delegates: 0" in capsys.readouterr().out and out.stat().st_size > 0
@@ -303,3 +307,15 @@ def test_report_quantized_on_a_factory_and_a_built_in_model(tmp_path):
         assert row["error"] is None and row["outputs_ok"] and row["rounds"] == 2, row
         assert row["gemms_outside"] == 0, row
     assert (tmp_path / "latency.png").stat().st_size > 0
+
+
+def test_llm_decode_knows_the_architectures_decoder_lm_builds():
+    """The script names them without importing torch (its --help answers first): the same list."""
+    from xnnfold.bench.scripts import llm_decode
+    from xnnfold.models import decoder_lm
+
+    assert llm_decode.ARCHITECTURES == decoder_lm.ARCHITECTURES
+    args = llm_decode.parse_args(["--arch", "gemma2", "--dynamic", "128", "--positions", "512"])
+    assert (args.arch, args.dynamic) == ("gemma2", 128)
+    with pytest.raises(SystemExit):
+        llm_decode.parse_args(["--dynamic", "1024"])      # a step no longer than the cache less one

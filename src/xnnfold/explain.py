@@ -53,7 +53,7 @@ def format_explanation(rows: list, fallback: Optional[str] = None,
     fallback = fallback or getattr(rows, "fallback", None)
     table = [[r.gemm, r.module or "", r.kind, r.role, r.status, r.rule or "",
               r.node or r.constant or "", r.reason or ""] for r in rows]
-    text = _columns(["gemm", "module (class)", "kind", "operand", "status", "rule",
+    text = columns(["gemm", "module (class)", "kind", "operand", "status", "rule",
                      "node / constant", "reason"], table) if table else "no GEMM"
     steps = {step.name: step for step in STEPS}
     for name, step_records in records.items():
@@ -68,7 +68,7 @@ def format_explanation(rows: list, fallback: Optional[str] = None,
     return text
 
 
-def _columns(headers: list, rows: list) -> str:
+def columns(headers: list, rows: list) -> str:
     """A plain text table, left-aligned, a rule under the headers."""
     cells = [[str(c) for c in row] for row in [headers] + rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]

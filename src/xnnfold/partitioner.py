@@ -21,14 +21,13 @@ from torch.export import ExportedProgram
 from . import config as settings
 from . import pipeline
 from .config import Config
-from .dim_order import dim_order_conflicts
+from .dim_order import warn_of_conflicts
 from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
-from .graph.program_copy import copy_program
 from .steps.fold.rules import DEFAULT_RULES, RuleSet
 from .steps import runtime_weight
 from .steps.runtime_weight import open_runtime_weight_path
-from .shape_env import give_own_shape_env, needs_own_shape_env
+from .shape_env import for_lowering
 from .steps.fold.probe.verified import Verification, make_probe
 
 logger = logging.getLogger("xnnfold")
@@ -128,31 +127,6 @@ def fold_gemm_params(ep: ExportedProgram,
                           llm_kernels)(ep)
 
 
-def _for_lowering(ep: ExportedProgram, program: ExportedProgram) -> ExportedProgram:
-    """What the hook hands the lowering for ``program`` (the fold's result for ``ep``): a copy,
-    because the lowering deletes the constants it moves into delegates from the constants dict
-    of the program it is given (``run_decompositions`` shares that dict), and with a ShapeEnv
-    of its own when ``program`` has data-dependent sizes or shares a ShapeEnv that made some:
-    the lowering leaves unbound symbols in its ShapeEnv (see :mod:`xnnfold.shape_env`), which
-    would make the next lowering of ``ep`` raise, and an earlier lowering of ``ep`` may have
-    left some that would make this one raise. ``program`` itself stays the valid program the
-    fold returned (the isolated copy does not round-trip through ``torch.export.save``: its
-    nodes name symbols its ShapeEnv never had). ``ep`` itself when nothing needs doing."""
-    isolate = needs_own_shape_env(program)
-    if program is ep and not isolate:
-        return ep                     # stock's lowering of the caller's program, exactly
-    lowered = copy_program(program)
-    if isolate:
-        try:
-            give_own_shape_env(lowered)
-        except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
-            warn_or_raise(logger, "xnnfold: could not give the program its own ShapeEnv "
-                          "(%s: %s); lowering it leaves unbound symbols in the caller's "
-                          "program, as a stock lowering does", type(error).__name__, error)
-            return copy_program(program)
-    return lowered
-
-
 def _fix_passthrough(result) -> None:
     """Untag the copies XNNPACK's preprocess would drop into a delegate it rejects (see
     :mod:`xnnfold.passthrough`); on any failure, the partition stays stock's."""
@@ -173,24 +147,6 @@ def _fix_passthrough(result) -> None:
         return
     result.partition_tags.clear()
     result.partition_tags.update(partition_tags)
-
-
-def _check_dim_orders(result) -> list:
-    """Warn, naming each node, of the ops left outside delegates that the runtime will refuse
-    for the dim orders of their tensors (:mod:`xnnfold.dim_order`): the .pte lowers, as stock's
-    does, and fails on the device. Returns the :class:`~xnnfold.dim_order.DimOrderConflict`s."""
-    try:
-        conflicts = dim_order_conflicts(result.tagged_exported_program.graph,
-                                        lambda node: node.meta.get("delegation_tag") is not None)
-    except Exception as error:  # noqa: BLE001 - a check: the lowering is stock's either way
-        warn_or_raise(logger, "xnnfold: could not check the dim orders of the ops outside "
-                      "delegates (%s: %s)", type(error).__name__, error)
-        return []
-    if conflicts:
-        logger.warning("xnnfold: the ExecuTorch runtime will refuse %d op(s) of this program "
-                       "for the dim orders of their tensors (stock's lowering too):\n  %s",
-                       len(conflicts), "\n  ".join(c.describe() for c in conflicts))
-    return conflicts
 
 
 class XnnpackPartitioner(StockXnnpackPartitioner):
@@ -246,14 +202,14 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
         self.last_result = self.fold(exported_program, self.verification)
         self._last_source = weakref.ref(exported_program)
         with settings.using(self.fold.settings()):
-            return _for_lowering(exported_program, self.last_result.program)
+            return for_lowering(exported_program, self.last_result.program)
 
     def partition(self, exported_program: ExportedProgram):
         result = super().partition(exported_program)
         with settings.using(self.fold.settings()):
             _fix_passthrough(result)
             if self.checks_dim_orders:
-                self.dim_order_conflicts = _check_dim_orders(result)
+                self.dim_order_conflicts = warn_of_conflicts(result)
             self.verification.partitioned(result.tagged_exported_program, self.last_result)
         return result
 

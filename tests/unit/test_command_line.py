@@ -111,8 +111,8 @@ BAD = [  # argv, what the one line says
     (["hf", "vit", "-o", "v.pte", "--max-cache", "5"], "--max-cache: options of a KV cache; "
      "ViTForImageClassification has none (a causal LM's generation .pte has one)"),
     (["hf", "gpt", "-o", "g.pte", "--no-cache", "--max-prefill", "4", "--llm-kernels"],
-     "--max-prefill and --llm-kernels: options of a KV cache; --no-cache exports the logits "
-     "without one"),
+     "--max-prefill and --llm-kernels: options of a KV cache; --no-cache exports without "
+     "one"),
     (["bench", "nope"], "bench: argument NAME: invalid choice: 'nope'"),
     # a list that starts with a negative number is a value, not an unknown option
     (["generate", "x.pte", "--tokens", "-5,2"],

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import set_strict
-from xnnfold import partitioner
+from xnnfold import partitioner, shape_env
 from xnnfold.errors import StrictFallback
 
 TAG = "delegation_tag"
@@ -61,14 +61,14 @@ def test_copy_check_failure_raises_in_strict_mode(monkeypatch, broken_untag):
 @pytest.mark.parametrize("strict", [False, True], ids=["users", "strict"])
 def test_own_shape_env_failure(monkeypatch, caplog, strict):
     set_strict(monkeypatch, strict)
-    monkeypatch.setattr(partitioner, "needs_own_shape_env", lambda program: True)
-    monkeypatch.setattr(partitioner, "give_own_shape_env", _broken)
+    monkeypatch.setattr(shape_env, "needs_own_shape_env", lambda program: True)
+    monkeypatch.setattr(shape_env, "give_own_shape_env", _broken)
     ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
     if strict:
         with pytest.raises(StrictFallback, match="own ShapeEnv.*boom"):
-            partitioner._for_lowering(ep, ep)
+            shape_env.for_lowering(ep, ep)
     else:
-        lowered = partitioner._for_lowering(ep, ep)
+        lowered = shape_env.for_lowering(ep, ep)
         assert "own ShapeEnv" in caplog.text
         # a copy of the program, as it was: the lowering would delete ep's delegated constants
         assert lowered is not ep and str(lowered.graph) == str(ep.graph)

@@ -15,7 +15,7 @@ from torch import nn
 from xnnfold.pte.compare import compare_outputs
 from xnnfold.steps import kv_cache
 from xnnfold.graph.program_copy import copy_program
-from xnnfold.steps.kv_cache import pattern, positions
+from xnnfold.steps.kv_cache import mask_proof, pairing, pattern, positions
 
 E, KV, GROUPS, S, D = 16, 2, 2, 8, 4
 H = KV * GROUPS
@@ -258,23 +258,27 @@ def test_one_query_head_per_kv_head():
     assert matches(program, module, sequence).ok
 
 
-def test_window_mask_keeps_custom_sdpa_away():
-    """A sliding window is not causal from the position: the cache is still updated in place,
-    but XNNPACK attends all rows under the mask; custom_sdpa would attend the rows the window
-    blocks."""
+def test_window_mask_proven_and_keeps_custom_sdpa_away():
+    """A sliding window is proven as what it is (causal within 3 rows, for every position):
+    no keep factor; the cache is still updated in place, but XNNPACK attends all rows under the
+    mask: custom_sdpa would attend the rows the window blocks."""
     module = CacheAttention("hf", mask="window")
     sequence = steps(count=6)
     _, program, records = rewritten(module, sequence[0], llm=True)
     record = records[0]
-    assert record.rewritten and record.llm_declined.startswith("custom_sdpa: at position")
+    window = "causal within a sliding window of 3 cache rows"
+    assert record.rewritten and record.llm_declined == \
+        f"custom_sdpa: the mask is {window}: custom_sdpa attends every row up to the position"
     assert record.kernels.startswith("llama::update_cache, XNNPACK + portable")
+    assert f"mask proven {window}: no fully blocked row" in record.proven
     assert "llama.custom_sdpa.default" not in ops_of(program)
+    assert "aten.any.dim" not in ops_of(program)        # no keep factor
     assert matches(program, module, sequence).ok
 
 
 def test_window_mask_wrong_without_the_proof(monkeypatch):
     """The guard above, removed: custom_sdpa on a window mask differs from eager."""
-    monkeypatch.setattr(positions, "prove_mask", lambda *a, **k: (True, positions.CAUSAL))
+    monkeypatch.setattr(mask_proof, "prove_mask", lambda *a, **k: (True, positions.CAUSAL))
     module = CacheAttention("hf", mask="window")
     sequence = steps(count=6)
     _, program, records = rewritten(module, sequence[0], llm=True)
@@ -300,7 +304,7 @@ def test_padding_mask_empty_rows_keep_factor():
 
 
 def test_padding_mask_wrong_without_the_keep_factor(monkeypatch):
-    monkeypatch.setattr(positions, "prove_mask", lambda *a, **k: (True, positions.CAUSAL))
+    monkeypatch.setattr(mask_proof, "prove_mask", lambda *a, **k: (True, positions.CAUSAL))
     module, sequence = padding_case()
     _, program, _ = rewritten(module, sequence[0])
     assert not matches(program, module, sequence).ok
@@ -368,7 +372,7 @@ def test_caches_that_do_not_pair_are_kept():
     updates, _ = pattern.find_updates(program)
     value_update = next(u for u in updates.values() if u.target == "v_cache")
     value_update.shape = (1, KV, S + 1, D)       # a value cache of another length
-    found = pattern._why_not(sdpa, sdpa_args(sdpa), sdpa.args[0].meta["val"],
+    found = pairing.why_not_sdpa(sdpa_args(sdpa), sdpa.args[0].meta["val"],
                              next(u for u in updates.values() if u.target == "k_cache"),
                              value_update, GROUPS, GROUPS)
     assert "do not pair" in found
@@ -504,6 +508,6 @@ def test_mask_evaluated_one_start_at_a_time_where_vmap_cannot():
             patch.setattr(torch, "vmap", no_vmap)
             _, _, looped = rewritten(CacheAttention("hf", mask=mask), steps()[0], llm=True)
             assert looped[0].llm_declined == records[0].llm_declined
-            patch.setattr(positions, "LOOP_BUDGET", S - 1)
+            patch.setattr(mask_proof, "LOOP_BUDGET", S - 1)
             _, _, refused = rewritten(CacheAttention("hf", mask=mask), steps()[0], llm=True)
             assert "cannot be evaluated in batches" in refused[0].llm_declined

@@ -15,6 +15,7 @@ from conftest import set_strict
 from xnnfold.errors import FoldError, StrictFallback
 from xnnfold.steps.fold.rules import DEFAULT_RULES
 from xnnfold.steps import attention, projections, runtime_weight
+from xnnfold.steps.projections import split as projection_split
 
 from conftest import round_trip
 
@@ -119,7 +120,7 @@ def test_a_returned_node_the_pass_replaced_gives_a_valid_program(name):
 
 # The negative tests: without the signature's update, each replacing step returns an invalid
 # program, and the check after that step names it.
-REPLACING_STEPS = {"attention": attention, "projections": projections,
+REPLACING_STEPS = {"attention": attention, "projections": projection_split,
                    "runtime_weight": runtime_weight}
 CASE_OF_STEP = {"attention": "attention", "projections": "split-projection",
                 "runtime_weight": "swapped-tied-head"}

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from . import checks
 from ..usage import UsageError
-from .command import (Command, CommandFailed, LLM_KERNELS_HELP, model_case, program_of, QUANTIZE,
-                       require)
+from .command import LLM_KERNELS_HELP, QUANTIZE, Command, CommandFailed, model_case, program_of
 
 
 def _explain_arguments(parser) -> None:
@@ -23,8 +22,6 @@ def _explain_arguments(parser) -> None:
 
 def _check_explain(args) -> None:
     checks.program(args.program)
-    if args.all:
-        require("explain --all", "tabulate")
 
 
 def _cmd_explain(args) -> int:
@@ -36,8 +33,7 @@ def _cmd_explain(args) -> int:
         result = xnnfold.fold_gemm_params(program, llm_kernels=args.llm_kernels)
         print(xnnfold.format_explanation(Explanation.of(result)))
         return 0
-    from tabulate import tabulate
-
+    from ..explain import columns
     from ..pte.devtools import why_not_delegated
 
     # One lowering answers both: the GEMM table from its fold, the rest from XNNPACK's log.
@@ -48,8 +44,7 @@ def _cmd_explain(args) -> int:
     print(f"\nops left outside delegates after xnnfold: {len(rows)} (reason as XNNPACK's "
           "partitioner logged it)")
     if rows:
-        print(tabulate([[r.node, r.op, r.reason] for r in rows],
-                       headers=["node", "op", "XNNPACK's reason"]))
+        print(columns(["node", "op", "XNNPACK's reason"], [[r.node, r.op, r.reason] for r in rows]))
     return 0
 
 

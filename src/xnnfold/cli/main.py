@@ -9,11 +9,12 @@ import os
 import sys
 
 from ..usage import CommandParser, ParserError, UsageError
-from . import bench, hf, lower, report
+from . import bench, hf, lower, report, transcribe
 from .command import CommandFailed
 
 
-COMMANDS = (report.REPORT, lower.LOWER, lower.EXPLAIN, hf.HF, hf.GENERATE, bench.BENCH)
+COMMANDS = (report.REPORT, lower.LOWER, lower.EXPLAIN, hf.HF, hf.GENERATE,
+            transcribe.TRANSCRIBE, bench.BENCH)
 
 
 class _Version(argparse.Action):

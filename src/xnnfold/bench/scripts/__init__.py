@@ -24,6 +24,7 @@ SCRIPTS = {
     "lowering-isolated": "lowering_isolated",
     "quantized-attention": "quantized_attention",
     "llm-decode": "llm_decode",
+    "whisper": "whisper",
     "hf-text-length": "hf_text_length",
 }
 

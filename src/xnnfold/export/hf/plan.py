@@ -169,12 +169,30 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
                              f"{state} between tokens: a generation .pte holds a KV cache of "
                              "attention only (--no-cache exports its logits without a cache)")
         _check_cache(positions, tokens, max_cache, max_prefill)
-    elif cache_options:           # they would be ignored: say so rather than export without
-        raise UsageError(f"{' and '.join(cache_options)}: options of a KV cache; "
-                         + ("--no-cache exports the logits without one" if kind == CAUSAL_LM
-                            else f"{architecture} has none (a causal LM's generation .pte "
-                            "has one)"))
+    elif kind in (WHISPER, SEQ2SEQ) and cache and max_cache is not None and \
+            not CHECK_STEPS + 1 <= max_cache <= (positions or max_cache):
+        raise UsageError(f"--max-cache {max_cache}: {CHECK_STEPS + 1} (the check's steps) to "
+                         f"the decoder's {positions} positions")
+    _refuse_unused(cache_options, kind, cache, architecture)
     return Plan(folder, kind, architecture, model_type, config, positions)
+
+
+def _refuse_unused(options: list, kind: str, cache: bool, architecture: str) -> None:
+    """Options of a KV cache (``options``: those given) that the export would ignore: one line
+    rather than an export without them."""
+    if kind in (WHISPER, SEQ2SEQ) and cache:
+        options = [o for o in options if o != "--max-cache"]   # its decoder's own cache
+    if not options or (kind == CAUSAL_LM and cache):
+        return
+    if not cache and kind in (CAUSAL_LM, WHISPER, SEQ2SEQ):
+        why = "options of a KV cache; --no-cache exports without one"
+    elif kind in (WHISPER, SEQ2SEQ):
+        why = (f"options of a causal LM's KV cache; {architecture}'s generation .pte takes "
+               "--max-cache only")
+    else:
+        why = (f"options of a KV cache; {architecture} has none (a causal LM's generation "
+               ".pte has one)")
+    raise UsageError(f"{' and '.join(options)}: {why}")
 
 
 def as_options(text: str) -> str:

@@ -34,7 +34,7 @@ import torch.fx
 
 from . import quantized
 from ...graph.node_meta import tensor_val
-from ...graph.emit import MAX_RANK, Emitter, reshape_arg, static_shape
+from ...graph.emit import MAX_RANK, Emitter, reshape_arg, reshape_source, static_shape
 from ...graph.sdpa import mask_parts, sdpa_args
 from .restride import replace_uses
 
@@ -123,7 +123,7 @@ def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
         additive, proven = _causal_mask(emit, rows, cols, qv.dtype), CAUSAL
 
     def reshape(x, shape):
-        return emit(aten.reshape.default, x, reshape_arg(shape))
+        return reshape_source(x, shape) or emit(aten.reshape.default, x, reshape_arg(shape))
 
     q3 = reshape(emit(aten.mul.Tensor, q, scale), [batch, L, E])
     k3 = emit(aten.transpose.int, reshape(k, [batch, S, E]), 1, 2)

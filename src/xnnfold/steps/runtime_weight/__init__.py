@@ -15,7 +15,6 @@ program. The configs are wrapped per partitioner instance; executorch itself is 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,6 +28,7 @@ from ...graph.node_meta import tensor_val
 from ...graph.validity import sync_output_specs
 from ..protocol import Context, Outcome
 from .config import MARK, is_marked, open_runtime_weight_path  # noqa: F401 - the step's API
+from .swap import static_shape, swap_if_smaller
 
 aten = torch.ops.aten
 
@@ -47,7 +47,7 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list,
     if _declined_quantized(gemm, rows, user_inputs):
         return ("XNNPACK declines it as a quantized GEMM with constant operands; stock's "
                 "flag path takes it as fp32 with the dequantized weight at run time")
-    if not (_fp32(weight) and _fp32(x)) or len(_static_shape(weight) or ()) != 2:
+    if not (_fp32(weight) and _fp32(x)) or len(static_shape(weight) or ()) != 2:
         return None
     declined = [r for r in rows if r.status == Status.DECLINED and r.rule in _RUNTIME_RULES]
     if declined:
@@ -107,51 +107,6 @@ def _fp32(node) -> bool:
     """An fp32 tensor that is not a dequantize's output (quantized GEMMs keep their path)."""
     val = tensor_val(node)
     return val is not None and val.dtype == torch.float32 and not is_dequantize(node)
-
-
-def _static_shape(node) -> Optional[tuple]:
-    val = tensor_val(node)
-    shape = tuple(val.shape) if val is not None else None
-    return shape if shape is not None and all(isinstance(s, int) for s in shape) else None
-
-
-def _call(graph, target, args, name):
-    node = graph.create_node("call_function", target, args, name=name)
-    node.meta["val"] = target(*torch.fx.node.map_arg(args, lambda n: n.meta["val"]))
-    return node
-
-
-def swap_if_smaller(graph: torch.fx.Graph, gemm: torch.fx.Node) -> bool:
-    """Rewrite ``linear(x, W[, b])`` as ``linear(W, x).t() [+ b]`` when ``x`` is the smaller.
-
-    A run-time weight is packed on every call. ``x @ W.T`` is ``(W @ x.T).T``: with the
-    operands swapped, the one packed is the activation (a few rows) and ``W`` is read as it is
-    — for a tied head, 8 rows against a 51,865-row table. Static shapes only.
-    """
-    x, weight = gemm.args[0], gemm.args[1]
-    bias = gemm.args[2] if len(gemm.args) > 2 else None
-    x_shape, w_shape, out_shape = _static_shape(x), _static_shape(weight), _static_shape(gemm)
-    if None in (x_shape, w_shape, out_shape) or len(x_shape) == 0 or \
-            math.prod(x_shape) >= math.prod(w_shape):
-        return False
-    users = list(gemm.users)
-    rows = x
-    with graph.inserting_before(gemm):
-        if len(x_shape) != 2:
-            rows = _call(graph, aten.reshape.default, (x, [-1, w_shape[1]]), f"{gemm.name}_rows")
-    gemm.args = (weight, rows)
-    gemm.meta["val"] = aten.linear.default(weight.meta["val"], rows.meta["val"])
-    with graph.inserting_after(gemm):
-        out = _call(graph, aten.permute.default, (gemm, [1, 0]), f"{gemm.name}_swapped_back")
-    if bias is not None:
-        with graph.inserting_after(out):
-            out = _call(graph, aten.add.Tensor, (out, bias), f"{gemm.name}_bias")
-    if len(out_shape) != 2:
-        with graph.inserting_after(out):
-            out = _call(graph, aten.reshape.default, (out, list(out_shape)), f"{gemm.name}_out")
-    for user in users:
-        user.replace_input_with(gemm, out)
-    return True
 
 
 @dataclass(frozen=True)
