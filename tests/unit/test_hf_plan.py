@@ -140,6 +140,19 @@ def test_cache_sizes_checked_from_the_config(tmp_path, options, message):
         hf_plan.plan(folder, 8, False, **options)
 
 
+def test_a_seq2seq_generation_pte_takes_max_cache_only(tmp_path):
+    folder = _folder(tmp_path, "WhisperForConditionalGeneration", "whisper",
+                     max_target_positions=16)
+    assert hf_plan.plan(folder, 4, True, max_cache=10).kind == hf_plan.WHISPER
+    with pytest.raises(UsageError, match="--max-prefill: options of a causal LM's KV cache; "
+                       "WhisperForConditionalGeneration's generation .pte takes --max-cache "
+                       "only"):
+        hf_plan.plan(folder, 4, True, max_cache=10, max_prefill=4)
+    with pytest.raises(UsageError, match="--max-cache: options of a KV cache; --no-cache "
+                       "exports without one"):
+        hf_plan.plan(folder, 4, False, max_cache=10)
+
+
 def test_cache_defaults():
     assert cache_sizes(None) == (1024, 128)
     assert cache_sizes(64) == (64, 64)            # capped by the model's positions
