@@ -44,13 +44,18 @@ sys.stderr.write('[XNNCompiler.cpp:1043] Failed to create node\n'); sys.stderr.f
 sys.stderr.write('W1203 19:43:23.518000 2898 torch/utils/_pytree.py:630] deprecated\n')
 sys.stderr.flush()
 os.write(2, b'\rbar 1'); os.write(2, b'\rbar 2\n')
+# read glued to a progress bar's update (no line end): the runtime's line and a mark
+os.write(2, b'\rbar 3[cpuinfo_utils.cpp:100] Reading file\n')
+os.write(2, b'\rbar 4\x00xnnfold-mark 99\n')
+f.mark()
 print('xnnfold: error: kept', file=sys.stderr)
 f.close()
 print('after close', file=sys.stderr)
 """
     done = _run("-c", code, text=False)       # bytes: text mode would turn \r into \n
     assert done.returncode == 0, done.stderr
-    assert done.stderr == b"\rbar 1\rbar 2\nxnnfold: error: kept\nafter close\n", done.stderr
+    assert done.stderr == b"\rbar 1\rbar 2\n\rbar 3\rbar 4xnnfold: error: kept\nafter close\n", \
+        done.stderr
 
 
 def test_time_interleaved_shuffles_every_round():

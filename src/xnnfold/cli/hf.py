@@ -18,8 +18,8 @@ def _hf_arguments(parser) -> None:
                         "OUT.text.pte and OUT.vision.pte)")
     parser.add_argument("--compare", action="store_true",
                         help="also lower with stock executorch; time both on the runtime")
-    parser.add_argument("--tokens", type=int, default=8, help="tokens of a text input (a "
-                        "causal LM: the prompt of the check)")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens of a text input: the "
+                        "length the .pte takes (a generation .pte: the prompt of the check)")
     parser.add_argument("--attention", choices=["auto", "sdpa", "eager"], default="auto",
                         help="transformers' attn_implementation for the export (auto: sdpa "
                         "where transformers has it for the class, else eager; the choice is "
@@ -56,7 +56,7 @@ def _check_hf(args) -> None:
     # the class and the cache sizes first: a class hf does not export is refused as such,
     # whether or not transformers is installed
     args.plan = plan(args.folder, args.tokens, not args.no_cache, args.max_cache,
-                     args.max_prefill)
+                     args.max_prefill, args.llm_kernels)
     require("hf", "tabulate", "transformers", install="pip install 'xnnfold[zoo]'")
 
 
@@ -106,6 +106,9 @@ def _check_generate(args) -> None:
         raise UsageError(f"--tokens {args.tokens!r}: expected comma-separated token ids")
     if not args.prompt:
         raise UsageError("--tokens: give at least one token id")
+    negative = [t for t in args.prompt if t < 0]
+    if negative:
+        raise UsageError(f"--tokens {args.tokens!r}: token ids are 0 or more, not {negative[0]}")
     if args.max_new < 1:
         raise UsageError(f"--max-new {args.max_new}: generate at least one token")
     if args.threads is not None:
@@ -126,8 +129,8 @@ def _cmd_generate(args) -> int:
             if not _has_methods(args.pte, "encoder", "text_decoder"):
                 raise
             return _generate_seq2seq(args)
-        if args.warmup:                   # the first calls set up XNNPACK's operators
-            generator.generate(args.prompt, 2, stop_at_eos=False)
+        if args.warmup:       # the first calls set up XNNPACK's operators; never more
+            generator.generate(args.prompt, min(2, args.max_new), stop_at_eos=False)
         result = generator.generate(args.prompt, args.max_new,
                                     stop_at_eos=not args.ignore_eos)
     except (NotAGenerationProgram, ValueError) as error:

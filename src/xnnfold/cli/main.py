@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         description = command.description() if callable(command.description) else \
             command.description or command.help
         sub = commands.add_parser(command.name, help=command.help, description=description)
+        # where a user types it: after the subcommand as well as before
+        sub.add_argument("--version", action=_Version, help="show the versions and exit")
         command.arguments(sub)
         sub.set_defaults(command_=command)
     return parser

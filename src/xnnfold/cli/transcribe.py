@@ -77,6 +77,7 @@ def _run(args) -> int:
     from ..export.llm.runtime import set_threads
     from ..export.seq2seq import NotASeq2SeqProgram, Seq2SeqProgram, WhisperPrompt, \
         read_features
+    from ..pte.runner import NotAPte
 
     if args.threads is not None:
         set_threads(args.threads)
@@ -84,6 +85,8 @@ def _run(args) -> int:
         program = Seq2SeqProgram(args.pte, args.data)
     except NotASeq2SeqProgram as error:
         raise UsageError(f"{args.pte}: {error}; write one with `xnnfold hf` on a Whisper folder")
+    except NotAPte as error:                      # not a program, or a corrupt one
+        raise UsageError(f"{args.pte}: {error}")
     except RuntimeError as error:                 # the runtime could not load it
         raise UsageError(f"{args.pte}: the runtime could not load it (a .ptd it needs "
                          f"missing?) ({type(error).__name__}: {str(error).splitlines()[0][:160]})")

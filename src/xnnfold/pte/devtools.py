@@ -49,8 +49,9 @@ def operator_times(pte: bytes, inputs: tuple, runs: int = 5, method: str = "forw
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
     buffers = pte, data               # the loaded module does not own its buffers
-    from .runner import load_llm_kernels
+    from .runner import load_llm_kernels, verified_program
 
+    verified_program(pte)
     load_llm_kernels(pte)
     module = _load_for_executorch_from_buffer(*buffers, enable_etdump=True)
     for _ in range(runs + 1):

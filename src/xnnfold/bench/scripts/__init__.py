@@ -25,6 +25,7 @@ SCRIPTS = {
     "quantized-attention": "quantized_attention",
     "llm-decode": "llm_decode",
     "whisper": "whisper",
+    "hf-text-length": "hf_text_length",
 }
 
 

@@ -42,6 +42,16 @@ class _Call(nn.Module):
                        self.output)
 
 
+def input_shapes(part: Part) -> str:
+    """What the .pte of ``part`` takes, e.g. ``input_ids (1, 8) int64, attention_mask (1, 8)
+    int64``: its inputs by name, shape and dtype."""
+    module = part.module
+    names = module.names if isinstance(module, _Call) else \
+        tuple(inspect.signature(module.forward).parameters)
+    return ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                     for name, t in zip(names, part.inputs))
+
+
 AUTO = "auto"
 
 

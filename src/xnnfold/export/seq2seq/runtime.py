@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ...pte.runner import method_constant
+from ...pte.runner import method_constant, verified_program
 from .export import DECODER, ENCODER
 
 
@@ -55,14 +55,11 @@ class Seq2SeqProgram:
     ``<pte stem>.ptd`` beside it, if that exists)."""
 
     def __init__(self, pte: Union[str, Path], data: Union[str, Path, None] = None):
-        from executorch.runtime import Runtime
-
         pte = Path(pte)
         if data is None and pte.with_suffix(".ptd").is_file():
             data = pte.with_suffix(".ptd")
         self.data = None if data is None else Path(data)
-        self._program = Runtime.get().load_program(
-            str(pte), data_path=None if data is None else str(data))
+        self._program = verified_program(pte, data)
         methods = set(self._program.method_names)
         if not {ENCODER, DECODER} <= methods:
             raise NotASeq2SeqProgram(f"no encoder and text_decoder methods (it has: "
