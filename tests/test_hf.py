@@ -482,7 +482,8 @@ def test_the_buffer_written_by_one_method_is_read_by_the_other():
 
     from xnnfold.export.llm import lower_generation
 
-    program = Runtime.get().load_program(lower_generation(_two_methods()).pte)
+    program = Runtime.get().load_program(lower_generation(_two_methods(),
+                                                          arenas_shared=True).pte)
     first = program.load_method("prefill").execute((torch.ones(2, 4),))[0]
     second = program.load_method("decode").execute((torch.full((1, 4), 3.0),))[0]
     assert first.tolist() == [2.0] * 4 and second.tolist() == [5.0] * 4
@@ -496,7 +497,7 @@ def test_without_the_shared_arena_the_lowering_refuses(monkeypatch):
     monkeypatch.setattr(export, "emit_config", lambda: ExecutorchBackendConfig())
     with pytest.raises(export.CacheNotShared, match="buffer total is not at one shared place "
                        "in prefill and decode"):
-        export.lower_generation(_two_methods())
+        export.lower_generation(_two_methods(), arenas_shared=True)
 
 
 # --- executorch's runner shares no memory between methods: one method, or wrong text ---------
@@ -540,7 +541,8 @@ def _cache_lm_pte(methods: dict) -> bytes:
     metadata = {"get_max_seq_len": max(methods.values()), "get_max_context_len": 32,
                 "get_vocab_size": 256, "use_kv_cache": True, "enable_dynamic_shape": True,
                 "get_eos_ids": [300]}
-    return lower_generation(GenerationPrograms(programs, metadata)).pte
+    return lower_generation(GenerationPrograms(programs, metadata),
+                            arenas_shared=len(programs) > 1).pte
 
 
 def test_the_runner_reads_a_cache_only_within_one_method(tmp_path):
@@ -582,6 +584,17 @@ def test_the_runner_reads_a_cache_only_within_one_method(tmp_path):
     with pytest.raises(NotAGenerationProgram, match="methods prefill and decode: the "
                        "two-method layout of an older xnnfold"):
         Generator(tmp_path / "two.pte")
+
+
+def test_several_methods_writing_the_cache_are_refused_for_the_runner():
+    """A program whose methods each write the cache runs right only where they share arenas:
+    lower_generation refuses it unless told so (executorch's LLM runner does not share)."""
+    from xnnfold.export.llm import export
+
+    with pytest.raises(export.CacheNotShared, match="methods decode and prefill each write "
+                       "mutable buffers: executorch's LLM runner gives each method memory of "
+                       "its own"):
+        export.lower_generation(_two_methods())
 
 
 def test_the_pass_and_the_runtime_helper_import_no_transformers():

@@ -71,8 +71,10 @@ def _model(args):
 def _lower(programs: dict, metadata: dict, llm: bool) -> bytes:
     from ..export.llm.export import GenerationPrograms, lower_generation
 
+    # the two-method layout runs on executorch.runtime here, whose methods share arenas
     return lower_generation(GenerationPrograms(dict(programs), dict(metadata)),
-                            partitioner_kwargs={"llm_kernels": llm}).pte
+                            partitioner_kwargs={"llm_kernels": llm},
+                            arenas_shared=len(programs) > 1).pte
 
 
 def export_variants(args, folder: Path) -> dict:
@@ -212,6 +214,38 @@ class _TwoMethods:
         return prefill * 1e3, decode * 1e3 / (new - 1), self.tokenizer.decode(tokens)
 
 
+def step_calls(ptes: dict, position: int, calls: int) -> dict:
+    """{.pte variant: median ms of one one-token call at ``position``}: each .pte's one-token
+    method (``forward``; the two-method layout's static ``decode``) called in turn, the order
+    rotated every round, ``calls`` rounds: the decode step itself, without the runner's
+    sampling and printing, to a few microseconds (the rounds of whole generations are
+    noisier)."""
+    from executorch.runtime import Runtime
+
+    from ..pte.runner import load_llm_kernels
+
+    methods, buffers = {}, {}
+    for name, path in ptes.items():
+        if name.startswith("generate") or path in buffers.values():
+            continue
+        buffers[name] = path.read_bytes()
+        load_llm_kernels(buffers[name])
+        program = Runtime.get().load_program(buffers[name])
+        methods[name] = program.load_method("decode" if name.startswith("two-method")
+                                            else "forward")
+    inputs = (torch.tensor([[1]]), torch.tensor([position]))
+    times = {name: [] for name in methods}
+    order = list(methods)
+    for index in range(calls + 3):
+        order = order[1:] + order[:1]
+        for name in order:
+            start = time.perf_counter()
+            methods[name].execute(inputs)
+            if index >= 3:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def run(args) -> None:
     from ..export.llm.text import RunnerTokenizer
 
@@ -243,6 +277,14 @@ def run(args) -> None:
                     times[name][1].append(decode)
         print(f"after: {machine_line()}")
         _table(args, times, texts)
+        steps = step_calls(ptes, len(ids), 50 * args.rounds)
+        print(f"\none-token calls at position {len(ids)}, {50 * args.rounds} rounds, medians "
+              f"({machine_line()}):")
+        for name, ms in steps.items():
+            base = name.replace("runner", "two-method")
+            versus = [f"{ms / steps[b]:.3f}x {b}" for b in (base, "optimum")
+                      if b != name and b in steps]
+            print(f"- {name}: {ms:.3f} ms" + (f" ({', '.join(versus)})" if versus else ""))
 
 
 def _table(args, times: dict, texts: dict) -> None:

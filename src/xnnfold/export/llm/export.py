@@ -147,14 +147,17 @@ class LoweredGeneration:
 
 
 def lower_generation(generation: GenerationPrograms, partitioner_class=None,
-                     partitioner_kwargs: Optional[dict] = None, before_emit=None
-                     ) -> LoweredGeneration:
+                     partitioner_kwargs: Optional[dict] = None, before_emit=None,
+                     arenas_shared: bool = False) -> LoweredGeneration:
     """The methods lowered in one ``to_edge_transform_and_lower`` (a partitioner each; by
     default xnnfold's :class:`~xnnfold.XnnpackPartitioner`), emitted with the quantized ops'
-    kernels registered and, if there are several methods (the LLM bench's two-method layout),
-    their mutable buffers at one place all of them share.
-    ``before_emit(edge)`` may read the lowered programs (``edge.exported_program(method)``)
-    before emission rewrites them."""
+    kernels registered and, if there are several methods, their mutable buffers at one place
+    all of them share. Several methods writing mutable buffers (the LLM bench's two-method
+    layout) are refused (:class:`CacheNotShared`) unless ``arenas_shared``: only a runtime that
+    shares memory arenas between methods (``executorch.runtime.Runtime``) runs such a program
+    right; executorch's LLM runner gives each method memory of its own and would read a cache
+    another method wrote, silently. ``before_emit(edge)`` may read the lowered programs
+    (``edge.exported_program(method)``) before emission rewrites them."""
     from executorch.exir import to_edge_transform_and_lower
 
     import executorch.kernels.quantized  # noqa: F401 - a quantized program's out variants
@@ -165,9 +168,17 @@ def lower_generation(generation: GenerationPrograms, partitioner_class=None,
     edge = to_edge_transform_and_lower(
         dict(generation.programs), partitioner={n: [p] for n, p in partitioners.items()},
         constant_methods=dict(generation.metadata))
+    # the mutations are in the signatures once functionalized (torch.export leaves add_ in)
+    written = {name: set(edge.exported_program(name).graph_signature.buffers_to_mutate.values())
+               for name in generation.programs}
+    writers = sorted(name for name, buffers in written.items() if buffers)
+    if len(writers) > 1 and not arenas_shared:
+        raise CacheNotShared(
+            f"methods {' and '.join(writers)} each write mutable buffers: executorch's LLM "
+            "runner gives each method memory of its own; lower one method (forward), or pass "
+            "arenas_shared=True for a runtime that shares memory arenas between methods")
     inspected = before_emit(edge) if before_emit is not None else None
-    cache = {fqn for name in generation.programs
-             for fqn in edge.exported_program(name).graph_signature.buffers_to_mutate.values()}
+    cache = set().union(*written.values())
     program = edge.to_executorch(emit_config())
     check_shared(program.executorch_program, list(generation.programs), cache)
     return LoweredGeneration(program.buffer, partitioners, inspected)
@@ -217,8 +228,10 @@ def emit_config():
 
 
 def causal_lm_to_pte(model: nn.Module, max_cache: Optional[int] = None,
-                     max_prefill: Optional[int] = None, **partitioner_kwargs) -> bytes:
-    """The generation-ready .pte of ``model`` through xnnfold (``partitioner_kwargs``: those
-    of :class:`~xnnfold.XnnpackPartitioner`, e.g. ``prefer="size"``)."""
-    generation = export_causal_lm(model, max_cache, max_prefill)
+                     max_prefill: Optional[int] = None, quantize: Optional[str] = None,
+                     **partitioner_kwargs) -> bytes:
+    """The generation-ready .pte of ``model`` through xnnfold (``quantize``: ``"8da4w"`` or
+    ``"int8"``, :mod:`xnnfold.export.llm.quantize`; ``partitioner_kwargs``: those of
+    :class:`~xnnfold.XnnpackPartitioner`, e.g. ``prefer="size"``)."""
+    generation = export_causal_lm(model, max_cache, max_prefill, quantize=quantize)
     return lower_generation(generation, partitioner_kwargs=partitioner_kwargs).pte
