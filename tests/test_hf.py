@@ -188,8 +188,11 @@ QUANTIZED = {W4: "8da4w", INT8: "int8"}
 CACHE, PREFILL, PROMPT, NEW = 56, 16, 20, 32      # the prompt goes in as two prefill chunks
 
 
-@pytest.fixture(scope="module", params=[*ARCHITECTURES, LLM_KERNELS, W4,
-                                        pytest.param(INT8, marks=pytest.mark.slow)])
+# the quantized exports (the longest of the set: 170 s for 8da4w on a loaded machine) in the
+# slow set: tests/unit/test_llm_generation_parts.py checks the quantization itself
+@pytest.fixture(scope="module", params=[*ARCHITECTURES, LLM_KERNELS,
+                                        *(pytest.param(q, marks=pytest.mark.slow)
+                                          for q in QUANTIZED)])
 def generation(request, tf, tmp_path_factory):
     """A causal LM saved with a tokenizer.json, through ``hf`` into another folder (its check
     included; llama also beside stock, timed), and the same weights loaded back for eager

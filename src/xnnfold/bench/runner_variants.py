@@ -51,14 +51,15 @@ def prompt_text(tokens: int, seed: int = 0) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(tokens))
 
 
-def _model(args):
+def _model(args) -> tuple:
+    """(the model, the same quantized as ``--quant`` asks: what xnnfold exports)."""
     from ..export.llm.export import quantized_copy
     from ..models.decoder_lm import Dims, _hf_model
 
     dims = Dims.for_hidden(args.hidden, args.cache, args.layers, args.vocab)
     model = _hf_model("llama", dims, seed=0)
     model.generation_config.cache_implementation = None
-    return dims, (model if args.quant == "none" else quantized_copy(model, args.quant))
+    return model, (model if args.quant == "none" else quantized_copy(model, args.quant))
 
 
 def _lower(programs: dict, metadata: dict, llm: bool) -> bytes:
@@ -70,40 +71,53 @@ def _lower(programs: dict, metadata: dict, llm: bool) -> bytes:
                             arenas_shared=len(programs) > 1).pte
 
 
-def export_variants(args, folder: Path) -> dict:
-    """{variant: .pte path} for the variants asked for (the optimum one only with its CLI)."""
+def _written(path: Path, make, reuse: bool) -> Path:
+    """``path``, written with ``make()`` unless ``reuse`` and it exists (``--keep``)."""
+    start = time.perf_counter()
+    if reuse and path.is_file():
+        print(f"{path.name}: {path.stat().st_size:,} B, reused from {path.parent}", flush=True)
+        return path
+    path.write_bytes(make())
+    print(f"{path.name}: {path.stat().st_size:,} B, lowered in "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+    return path
+
+
+def _two_methods(model, args, metadata: dict, llm: bool) -> bytes:
+    """The layout xnnfold wrote before: a dynamic ``prefill`` and a static one-token
+    ``decode`` over one cache."""
     from ..export.llm import export_causal_lm
     from ..export.static_cache import with_static_cache
 
-    dims, model = _model(args)
-    ptes, names = {}, args.variant_list
+    with torch.no_grad():
+        decode = torch.export.export(
+            with_static_cache(model, args.cache), (),
+            {"input_ids": torch.zeros(1, 1, dtype=torch.long),
+             "cache_position": torch.zeros(1, dtype=torch.long)}, strict=True)
+    prefill = export_causal_lm(model, args.cache, min(128, args.cache)).programs["forward"]
+    return _lower({"prefill": prefill, "decode": decode}, metadata, llm)
+
+
+def export_variants(args, folder: Path) -> dict:
+    """{variant: .pte path} for the variants asked for (the optimum one only with its CLI);
+    with ``--keep``, a .pte already in the folder is reused."""
+    from ..export.llm import export_causal_lm
+
+    plain, model = _model(args)
+    ptes, names, reuse = {}, set(args.variant_list), bool(args.keep)
     generation = export_causal_lm(model, args.cache, min(128, args.cache))
-    for llm in (False, True):
-        suffix = "-llm" if llm else ""
-        start = time.perf_counter()
-        if {f"runner{suffix}", f"generate{suffix}"} & set(names):
-            path = folder / f"forward{suffix}.pte"
-            path.write_bytes(_lower(generation.programs, generation.metadata, llm))
-            for name in {f"runner{suffix}", f"generate{suffix}"} & set(names):
-                ptes[name] = path
-            print(f"forward{suffix}.pte: {path.stat().st_size:,} B, lowered in "
-                  f"{time.perf_counter() - start:.0f} s", flush=True)
+    for suffix, llm in (("", False), ("-llm", True)):
+        if {f"runner{suffix}", f"generate{suffix}"} & names:
+            path = _written(folder / f"forward{suffix}.pte", lambda: _lower(
+                generation.programs, generation.metadata, llm), reuse)
+            ptes.update({name: path for name in {f"runner{suffix}", f"generate{suffix}"} &
+                         names})
         if f"two-method{suffix}" in names:
-            with torch.no_grad():
-                decode = torch.export.export(
-                    with_static_cache(model, args.cache), (),
-                    {"input_ids": torch.zeros(1, 1, dtype=torch.long),
-                     "cache_position": torch.zeros(1, dtype=torch.long)}, strict=True)
-            again = export_causal_lm(model, args.cache, min(128, args.cache))
-            path = folder / f"two-method{suffix}.pte"
-            start = time.perf_counter()
-            path.write_bytes(_lower({"prefill": again.programs["forward"], "decode": decode},
-                                    generation.metadata, llm))
-            ptes[f"two-method{suffix}"] = path
-            print(f"two-method{suffix}.pte: {path.stat().st_size:,} B, lowered in "
-                  f"{time.perf_counter() - start:.0f} s", flush=True)
+            ptes[f"two-method{suffix}"] = _written(
+                folder / f"two-method{suffix}.pte",
+                lambda: _two_methods(model, args, generation.metadata, llm), reuse)
     if "optimum" in names:
-        ptes.update(_optimum(args, model, folder))
+        ptes.update(_optimum(args, plain, folder))      # optimum quantizes it itself
     return ptes
 
 
@@ -111,6 +125,9 @@ def _optimum(args, model, folder: Path) -> dict:
     if not args.optimum_cli:
         print("optimum: skipped (no --optimum-cli)", flush=True)
         return {}
+    if args.keep and (folder / "optimum" / "model.pte").is_file():
+        print(f"optimum model.pte: reused from {folder / 'optimum'}", flush=True)
+        return {"optimum": folder / "optimum" / "model.pte"}
     saved = folder / "model"
     model.save_pretrained(str(saved))
     shutil.copyfile(folder / "tokenizer.json", saved / "tokenizer.json")

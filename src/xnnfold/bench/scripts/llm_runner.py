@@ -49,7 +49,8 @@ def build_parser():
                       "optimum-executorch (it pins transformers 5.0.0rc1: a venv of its own) "
                       "for the optimum variant; without it, that variant is skipped")
     args.add_argument("--keep", help="a folder to keep the model folder and the .pte files in "
-                      "(default: a temporary one)")
+                      "(default: a temporary one); a .pte already there is reused (for the same "
+                      "arguments: the file names say the variant only)")
     return args
 
 
