@@ -75,6 +75,27 @@ def test_the_tokenizer_is_copied_beside_the_pte_and_read_as_the_runner_reads_it(
         tokenizer.piece(256)
 
 
+def test_hf_warns_when_the_runner_would_sample_past_the_logits(tmp_path):
+    """executorch's runner sizes its sampler from the tokenizer: more ids than the model has
+    logits and it reads past them. hf copies the tokenizer, prints the command lines, and
+    says so."""
+    from byte_tokenizer import byte_level_tokenizer
+
+    from xnnfold.export.hf.generation import runner_notes
+
+    folder, out = tmp_path / "model", tmp_path / "out"
+    folder.mkdir()
+    out.mkdir()
+    byte_level_tokenizer(folder / "tokenizer.json", 256)
+    notes = runner_notes(out / "m.pte", str(folder), False, 200)
+    assert notes[0] == ("warning: tokenizer.json has 256 ids, the model 200 logits: "
+                        "executorch's runner samples among the tokenizer's ids and would read "
+                        "past the logits")
+    assert [n.split(":")[0] for n in notes[1:]] == [
+        "its tokenizer", "run it", "executorch's runner (Python)", "executorch's runner (C++)"]
+    assert not runner_notes(out / "m.pte", str(folder), False, 256)[0].startswith("warning")
+
+
 def test_a_file_the_runner_cannot_load_is_one_line(tmp_path):
     bad = tmp_path / "tokenizer.json"
     bad.write_text("not json")

@@ -161,7 +161,8 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
         f"{output}: one method, forward (1 to {generation.max_prefill} tokens a call: the "
         f"prefill and decode rows above are its two phases), over a static KV cache of "
         f"{generation.max_cache} rows{quantized}")
-    exported.notes += runner_notes(output, folder, llm_kernels)
+    exported.notes += runner_notes(output, folder, llm_kernels,
+                                   generation.metadata["get_vocab_size"])
     for variant, (prefill_ms, decode_ms) in timed.items():
         exported.notes.append(
             f"{variant}: prefill of {tokens} tokens {prefill_ms:.3f} ms "
@@ -170,10 +171,12 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     return exported
 
 
-def runner_notes(output: Path, folder: Optional[str], llm_kernels: bool) -> list:
+def runner_notes(output: Path, folder: Optional[str], llm_kernels: bool, vocab: int) -> list:
     """The folder's tokenizer copied beside ``output``, and how to run the .pte with it:
-    ``xnnfold generate``, executorch's ``TextLLMRunner`` in Python, its ``llama_main``."""
-    from ..llm.text import copy_tokenizer
+    ``xnnfold generate``, executorch's ``TextLLMRunner`` in Python, its ``llama_main``; a
+    warning when the runner would sample among more ids than the model has logits (it takes
+    its sampler's size from the tokenizer)."""
+    from ..llm.text import RunnerTokenizer, copy_tokenizer
 
     tokenizer = None if folder is None else copy_tokenizer(folder, output.parent)
     if tokenizer is None:
@@ -183,7 +186,17 @@ def runner_notes(output: Path, folder: Optional[str], llm_kernels: bool) -> list
     # --llm-kernels: the runner finds the llama:: kernels once their library is imported
     custom = "from executorch.extension.llm.custom_ops import custom_ops; " if llm_kernels \
         else ""
-    return [f"its tokenizer: {tokenizer} (copied from {folder})",
+    notes = []
+    try:
+        ids = RunnerTokenizer(tokenizer).vocab_size
+    except ValueError as error:
+        notes.append(f"warning: {error}")
+    else:
+        if ids > vocab:
+            notes.append(f"warning: {tokenizer.name} has {ids:,} ids, the model {vocab:,} "
+                         "logits: executorch's runner samples among the tokenizer's ids and "
+                         "would read past the logits")
+    return notes + [f"its tokenizer: {tokenizer} (copied from {folder})",
             f"run it: xnnfold generate {output} --prompt 'Hello' --max-new 32",
             f"executorch's runner (Python): {custom}from executorch.extension.llm.runner "
             f"import GenerationConfig, TextLLMRunner; TextLLMRunner({str(output)!r}, "
