@@ -26,6 +26,7 @@ SCRIPTS = {
     "llm-decode": "llm_decode",
     "whisper": "whisper",
     "hf-text-length": "hf_text_length",
+    "llm-runner": "llm_runner",
 }
 
 

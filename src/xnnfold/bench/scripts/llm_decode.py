@@ -63,9 +63,11 @@ def build_parser():
     args.add_argument("--last-logits", action="store_true",
                       help="the transformers road computes the last token's logits only "
                       "(logits_to_keep=1), as executorch's flow does (for --prefill)")
-    args.add_argument("--quant", choices=["none", "int8", "8da4w"], default="none",
-                      help="int8: XNNPACK's PT2E quantizer, dynamic per channel; 8da4w: "
-                      "torchao's 8-bit activation / 4-bit weight linear (groups of 128)")
+    args.add_argument("--quant", choices=["none", "int8", "8da4w", "pt2e-int8"], default="none",
+                      help="what `xnnfold hf --quantize` ships (torchao): int8, 8-bit dynamic "
+                      "activations and 8-bit weights per channel; 8da4w, 8-bit dynamic "
+                      "activations and 4-bit weights in groups of 32; pt2e-int8: XNNPACK's PT2E "
+                      "quantizer, dynamic per channel (what int8 measured before 2026-12-05)")
     args.add_argument("--no-etdump", action="store_true", help="skip the portable share")
     return args
 

@@ -5,9 +5,10 @@ against eager on the ExecuTorch runtime.
 What is exported is the class the folder's ``config.json`` names (``architectures``), decided
 from config.json alone, before torch, transformers or the weights load (:func:`plan`):
 
-- a causal LM (``...ForCausalLM``, ``...LMHeadModel``): a generation-ready .pte, ``prefill``
-  and ``decode`` over transformers' static KV cache (:mod:`xnnfold.export.llm`); ``--no-cache``: the
-  logits of ``--tokens`` tokens, no cache;
+- a causal LM (``...ForCausalLM``, ``...LMHeadModel``): a generation-ready .pte, one
+  ``forward`` over transformers' static KV cache (:mod:`xnnfold.export.llm`), the layout
+  executorch's ``TextLLMRunner`` runs, its linears quantized with ``--quantize``, the folder's
+  tokenizer copied beside it; ``--no-cache``: the logits of ``--tokens`` tokens, no cache;
 - Whisper, and a text seq2seq model whose decoder has BART's cross-attention (BART, mBART,
   Marian, Pegasus...): a generation-ready .pte (:mod:`xnnfold.export.seq2seq`): ``encoder``
   once per input, returning every decoder layer's cross-attention keys and values, and
@@ -47,23 +48,27 @@ from .rows import Exported, failing_as_usage, pte_path, ratios, row
 def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 8,
                   attention: str = "auto", reps: int = 10, prefer: str = "speed",
                   check: bool = True, cache: bool = True, max_cache: Optional[int] = None,
-                  max_prefill: Optional[int] = None, llm_kernels: bool = False) -> Exported:
+                  max_prefill: Optional[int] = None, llm_kernels: bool = False,
+                  quantize: Optional[str] = None) -> Exported:
     """Write the .pte of every part of ``plan``'s model, each checked against eager on the
     runtime unless ``check`` is False; with ``compare``, stock's lowering beside xnnfold's,
     timed. ``prefer``: xnnfold's (``XnnpackPartitioner(prefer=...)``). A causal LM is
     generation-ready unless ``cache`` is False (``max_cache``/``max_prefill``: its sizes;
     ``llm_kernels``: its cache on executorch's LLM kernels, see
-    :class:`~xnnfold.XnnpackPartitioner`)."""
+    :class:`~xnnfold.XnnpackPartitioner`; ``quantize``: its linears, a scheme of
+    :mod:`xnnfold.export.llm.quantize`)."""
     from . import parts as hf_parts
 
     output_path = Path(output)
     if not output_path.parent.exists():
         raise UsageError(f"{output}: folder {output_path.parent} does not exist")
+    check_generation_options(plan, str(output_path), cache, quantize)
     model, attention_note = hf_parts.load(plan, attention)
     if plan.kind == CAUSAL_LM and cache:
         from .generation import export_generation
         exported = export_generation(model, output_path, compare, tokens, reps, prefer, check,
-                                     max_cache, max_prefill, llm_kernels)
+                                     max_cache, max_prefill, llm_kernels, quantize,
+                                     plan.folder)
     elif plan.kind in (WHISPER, SEQ2SEQ) and cache and _cross_attention(model):
         from .seq2seq import export_seq2seq_generation
         exported = export_seq2seq_generation(model, output_path, plan.folder, compare, tokens,
@@ -108,6 +113,24 @@ def _cross_attention(model) -> bool:
     except ValueError:
         return False
     return True
+
+
+def check_generation_options(plan: Plan, output: str, cache: bool, quantize: Optional[str]
+                             ) -> None:
+    """One line, before any work, for ``--quantize`` on what is not a generation .pte, or a
+    causal LM's tokenizer that would overwrite another beside ``output``."""
+    from ..llm.text import copy_conflicts
+
+    generation = plan.kind == CAUSAL_LM and cache
+    if quantize is not None and not generation:
+        raise UsageError(f"--quantize {quantize}: for a causal LM's generation .pte only "
+                         f"({plan.architecture}{' with --no-cache' if not cache else ''}); "
+                         "`xnnfold lower --quantize` quantizes other programs")
+    if generation:
+        conflicts = copy_conflicts(plan.folder, Path(output).parent)
+        if conflicts:
+            raise UsageError(f"{conflicts[0]} exists and is not {plan.folder}'s tokenizer: "
+                             "write the .pte to another folder (its tokenizer goes beside it)")
 
 
 def _export_part(part, destination: Path, exported: Exported, compare: bool, reps: int,

@@ -1,11 +1,15 @@
-"""``xnnfold hf`` on a causal LM: the generation-ready .pte (:mod:`xnnfold.export.llm`), checked
-against eager and, with ``--compare``, beside stock's lowering of the same two programs.
+"""``xnnfold hf`` on a causal LM: the generation-ready .pte (:mod:`xnnfold.export.llm`, one
+``forward`` method, the layout executorch's ``TextLLMRunner`` runs), its linears quantized with
+``--quantize``, checked against eager and, with ``--compare``, beside stock's lowering of the
+same program; the folder's tokenizer copied beside it and the runner's command lines printed.
 
-The check: a prompt of ``--tokens`` tokens through ``prefill``, then
-:data:`~xnnfold.export.hf.plan.CHECK_STEPS` greedy ``decode`` steps on the runtime; each step's
-logits against eager transformers' logits of the whole sequence at once (no cache), so the
-cache's update, its mask and its sharing between the two methods are all checked. The timing:
-interleaved rounds, each a prefill of the prompt and the same decode steps, medians.
+The check: a prompt of ``--tokens`` tokens (the prefill phase), then
+:data:`~xnnfold.export.hf.plan.CHECK_STEPS` greedy one-token calls (the decode phase) on the
+runtime; each call's logits against eager transformers' logits of the whole sequence at once
+(no cache; a quantized .pte against the quantized eager model, within
+:func:`~xnnfold.pte.compare.quantized_tolerance`), so the cache's update and its mask are
+checked. The timing: interleaved rounds, each a prefill of the prompt and the same decode
+steps, medians.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ XNNFOLD_LLM = "xnnfold-llm"
 
 
 def _lower(generation, variant: str, prefer: str) -> tuple:
-    """(.pte bytes, {method: MethodLowering}) of one variant (stock, xnnfold, xnnfold-llm)."""
+    """(.pte bytes, MethodLowering) of one variant (stock, xnnfold, xnnfold-llm)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackPartitioner as StockXnnpackPartitioner,
     )
@@ -48,9 +52,9 @@ def _lower(generation, variant: str, prefer: str) -> tuple:
     from ..llm import lower_generation
     from ...pte import STOCK, inspect_lowered
 
-    def outside(edge) -> dict:
-        return {method: inspect_lowered(edge.exported_program(method))[:2]
-                for method in generation.programs}
+    def outside(edge) -> tuple:
+        (method,) = generation.programs
+        return inspect_lowered(edge.exported_program(method))[:2]
 
     start = time.perf_counter()
     if variant == STOCK:
@@ -59,23 +63,25 @@ def _lower(generation, variant: str, prefer: str) -> tuple:
         lowered = lower_generation(generation, partitioner_kwargs={
             "prefer": prefer, "llm_kernels": variant == XNNFOLD_LLM}, before_emit=outside)
     seconds = time.perf_counter() - start
-    methods = {method: MethodLowering(len(lowered.pte), seconds,
-                                      [op for op in ops if op in EDGE_GEMM_NAMES], calls, ops)
-               for method, (ops, calls) in lowered.inspected.items()}
-    return lowered.pte, methods
+    ops, calls = lowered.inspected
+    return lowered.pte, MethodLowering(len(lowered.pte), seconds,
+                                       [op for op in ops if op in EDGE_GEMM_NAMES], calls, ops)
 
 
-def compare_logits(actual: torch.Tensor, expected: torch.Tensor):
+def compare_logits(actual: torch.Tensor, expected: torch.Tensor, quantized: bool = False):
     """``compare_outputs`` with an absolute tolerance scaled to the rows' largest logit: each
     logit is a dot product with the same hidden state, so its rounding error follows the
-    row's magnitude, not its own (a logit near 0 is as far off as a large one)."""
-    from ...pte.compare import compare_outputs, default_tolerance
+    row's magnitude, not its own (a logit near 0 is as far off as a large one). ``quantized``:
+    a quantized .pte against its quantized eager model (:func:`quantized_tolerance`)."""
+    from ...pte.compare import compare_outputs, default_tolerance, quantized_tolerance
 
+    if quantized:
+        return compare_outputs(actual, expected, **quantized_tolerance(expected))
     _, atol = default_tolerance(expected.dtype)
     return compare_outputs(actual, expected, atol=atol * max(1.0, float(expected.abs().max())))
 
 
-def _check(model, generator, prompt: list) -> tuple:
+def _check(model, generator, prompt: list, quantized: bool) -> tuple:
     """(prefill's verdict, decode's verdict): the runtime's logits of a greedy run against
     eager's over the whole sequence."""
     run = generator.generate(prompt, hf_plan.CHECK_STEPS + 1, stop_at_eos=False, keep_logits=True)
@@ -84,7 +90,8 @@ def _check(model, generator, prompt: list) -> tuple:
         eager = model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0]
     expected = eager[len(prompt) - 1:]                      # the rows that predict each token
     got = torch.cat(run.logits)
-    return compare_logits(got[:1], expected[:1]), compare_logits(got[1:], expected[1:])
+    return (compare_logits(got[:1], expected[:1], quantized),
+            compare_logits(got[1:], expected[1:], quantized))
 
 
 def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0) -> dict:
@@ -110,14 +117,21 @@ def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0
 
 def export_generation(model, output: Path, compare: bool, tokens: int, reps: int, prefer: str,
                       check: bool, max_cache: Optional[int], max_prefill: Optional[int],
-                      llm_kernels: bool = False) -> "hf_rows.Exported":
+                      llm_kernels: bool = False, quantize: Optional[str] = None,
+                      folder: Optional[str] = None) -> "hf_rows.Exported":
     """The generation .pte of ``model`` written to ``output`` (``llm_kernels``: the cache's
-    update and attention on executorch's LLM kernels), checked; with ``compare``, stock and
-    (with ``llm_kernels``) xnnfold's default beside it, timed interleaved."""
+    update and attention on executorch's LLM kernels; ``quantize``: a scheme of
+    :mod:`xnnfold.export.llm.quantize`), checked; with ``compare``, stock and (with
+    ``llm_kernels``) xnnfold's default beside it, timed interleaved. ``folder``'s tokenizer
+    files are copied beside ``output``."""
     from ..llm import Generator, export_causal_lm
+    from ..llm.export import quantized_copy
     from ...pte import STOCK, XNNFOLD
 
     name = type(model).__name__
+    if quantize is not None:
+        with hf_rows.failing_as_usage(f"{name}: --quantize {quantize}"):
+            model = quantized_copy(model, quantize)     # also the eager reference of the check
     with hf_rows.failing_as_usage(f"{name}: the export with transformers' static cache (--no-cache "
                              "exports its logits without a cache)"):
         generation = export_causal_lm(model, max_cache, max_prefill)
@@ -125,34 +139,73 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     variants = [STOCK, XNNFOLD] if compare else []
     if written not in variants:
         variants.append(written)
-    with hf_rows.failing_as_usage(f"lowering {name}'s prefill and decode"):
+    with hf_rows.failing_as_usage(f"lowering {name}'s forward"):
         lowered = {variant: _lower(generation, variant, prefer) for variant in variants}
     output.write_bytes(lowered[written][0])
     generators = {variant: Generator(pte) for variant, (pte, _) in lowered.items()}
     torch.manual_seed(0)
     prompt = torch.randint(0, generation.metadata["get_vocab_size"], (tokens,)).tolist()
-    verdicts = {variant: _check(model, g, prompt) if check else (None, None)
-                for variant, g in generators.items()}
+    verdicts = {variant: _check(model, g, prompt, quantize is not None) if check
+                else (None, None) for variant, g in generators.items()}
     timed = _time(generators, prompt, hf_plan.CHECK_STEPS, reps) if compare else {}
     exported = hf_rows.Exported([], [], [])
-    for variant, (_, methods) in lowered.items():
-        for index, method in enumerate(("prefill", "decode")):
+    for variant, (_, method) in lowered.items():
+        for index, phase in enumerate(("prefill", "decode")):
             verdict = verdicts[variant][index]
             if verdict is not None and not verdict.ok and variant == written:
-                exported.wrong.append(f"{output} ({method}): {verdict}")
+                exported.wrong.append(f"{output} ({phase}): {verdict}")
             exported.rows.append(hf_rows.row(
-                method, variant, methods[method], verdict,
-                timed[variant][index] if timed else None,
+                phase, variant, method, verdict, timed[variant][index] if timed else None,
                 str(output) if variant == written else ""))
     exported.notes += [a.describe(name) for a in adaptations(model)]
+    quantized = "" if quantize is None else f", linears quantized {quantize}"
     exported.notes.append(
-        f"{output}: methods prefill (1 to {generation.max_prefill} tokens) and decode (1 "
-        f"token) over a static KV cache of {generation.max_cache} rows; run it with "
-        f"`xnnfold generate {output} --tokens 1,2,3 --max-new 32`")
+        f"{output}: one method, forward (1 to {generation.max_prefill} tokens a call: the "
+        f"prefill and decode rows above are its two phases), over a static KV cache of "
+        f"{generation.max_cache} rows{quantized}")
     exported.notes.extend(hf_plan.as_options(line) for line in generation.capped)
+    exported.notes += runner_notes(output, folder, llm_kernels,
+                                   generation.metadata["get_vocab_size"])
     for variant, (prefill_ms, decode_ms) in timed.items():
         exported.notes.append(
             f"{variant}: prefill of {tokens} tokens {prefill_ms:.3f} ms "
             f"({tokens / prefill_ms * 1e3:,.1f} tokens/s); decode {decode_ms:.3f} ms per "
             f"token ({1e3 / decode_ms:,.1f} tokens/s); medians of {reps} interleaved rounds")
     return exported
+
+
+def runner_notes(output: Path, folder: Optional[str], llm_kernels: bool, vocab: int) -> list:
+    """The folder's tokenizer copied beside ``output``, and how to run the .pte with it:
+    ``xnnfold generate``, executorch's ``TextLLMRunner`` in Python, its ``llama_main``; a
+    warning when the runner would sample among more ids than the model has logits (it takes
+    its sampler's size from the tokenizer)."""
+    from ..llm.text import RunnerTokenizer, copy_tokenizer
+
+    tokenizer = None if folder is None else copy_tokenizer(folder, output.parent)
+    if tokenizer is None:
+        return [f"no tokenizer in {folder} (tokenizer.json, tokenizer.model): executorch's "
+                "runner needs one; give token ids: `xnnfold generate "
+                f"{output} --tokens 1,2,3 --max-new 32`"]
+    # --llm-kernels: the runner finds the llama:: kernels once their library is imported
+    custom = "from executorch.extension.llm.custom_ops import custom_ops; " if llm_kernels \
+        else ""
+    notes = []
+    try:
+        ids = RunnerTokenizer(tokenizer).vocab_size
+    except ValueError as error:
+        notes.append(f"warning: {error}")
+    else:
+        if ids > vocab:
+            notes.append(f"warning: {tokenizer.name} has {ids:,} ids, the model {vocab:,} "
+                         "logits: executorch's runner samples among the tokenizer's ids and "
+                         "would read past the logits")
+    return notes + [f"its tokenizer: {tokenizer} (copied from {folder})",
+            f"run it: xnnfold generate {output} --prompt 'Hello' --max-new 32",
+            f"executorch's runner (Python): {custom}from executorch.extension.llm.runner "
+            f"import GenerationConfig, TextLLMRunner; TextLLMRunner({str(output)!r}, "
+            f"{str(tokenizer)!r}).generate('Hello', GenerationConfig(max_new_tokens=32, "
+            "temperature=0))",
+            f"executorch's runner (C++{', built with its LLM custom ops' if llm_kernels else ''}"
+            f"): llama_main --model_path "
+            f"{output} --tokenizer_path {tokenizer} --prompt 'Hello' --temperature 0 "
+            "--max_new_tokens 32"]

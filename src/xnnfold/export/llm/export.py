@@ -1,35 +1,35 @@
-"""A transformers causal LM to one generation-ready .pte: ``prefill`` and ``decode`` over one
-static KV cache.
+"""A transformers causal LM to one generation-ready .pte: a single ``forward`` over a static KV
+cache, the layout executorch's own runners (``TextLLMRunner``, ``llama_main``, the demo apps)
+and its exporters (``export_llama``, optimum-executorch) use.
 
-The cache is transformers' own (``transformers.integrations.executorch.
-TorchExportableModuleForDecoderOnlyLM``, the ``StaticCache`` of ``cache_implementation=
-"static"``): the keys and values of every layer are buffers of ``max_cache`` rows that the
-program updates in place at ``cache_position``; attention reads all rows under the causal mask.
-Both methods are exported from that one module, so they name the same buffers:
+The cache is transformers' own (:func:`xnnfold.export.static_cache.with_static_cache`, the
+``StaticCache`` of ``cache_implementation="static"``): the keys and values of every layer are
+buffers of ``max_cache`` rows that the program updates in place at ``cache_position``. The one
+method:
 
-- ``prefill(input_ids (1, T), cache_position (T,))``, ``1 <= T <= max_prefill`` a dynamic
-  length: writes T rows of the cache and returns the logits of the last position, (1, 1, V)
-  (the head runs on that position only: ``logits_to_keep=1``);
-- ``decode(input_ids (1, 1), cache_position (1,))``: one token, (1, 1, V): transformers' own
-  exported step, as is.
+- ``forward(input_ids (1, T), cache_position (T,))``, ``1 <= T <= max_prefill`` a dynamic
+  length: writes T rows of the cache at those positions and returns the logits of the last one,
+  (1, 1, V) (the head runs on that position only: ``logits_to_keep=1``). A prompt goes in as
+  chunks of at most ``max_prefill`` tokens, each generated token as T = 1.
 
 ``cache_position`` must be consecutive positions (transformers' wrapper reads its first value
-only). The two methods share the cache: the program is emitted with executorch's
-``MemoryPlanningPass(share_mutable_buffers=True)``, which places every mutable buffer at the
-same offset of a memory arena of its own (mem_id 2) in both methods. A runtime that gives each
-method its own planned memory does not share it: :mod:`xnnfold.export.llm.runtime` loads the program
-with ``executorch.runtime.Runtime`` (its host methods share one set of arenas), as a C++ app
-does with ``Module(..., share_memory_arenas=true)``; the pybindings'
-``_load_for_executorch_from_buffer`` gives each method its own (decode then reads an empty
-cache). Constant methods carry what a runner needs, under the names executorch's own LLM export
-uses (``get_max_seq_len``: the longest prefill, ``get_max_context_len``: the cache rows,
-``get_vocab_size``, ``use_kv_cache``, ``enable_dynamic_shape``, ``get_eos_ids``...).
+only); executorch's runner passes ``arange(start, start + T)`` when the method's second input
+has more than one element (``max_prefill > 1``), else ``(start,)``. With one method, the cache
+is that method's own mutable buffers: whatever runtime loads the program, the method that
+writes the cache is the one that reads it (the two-method layout xnnfold wrote before, a
+``prefill`` and a ``decode``, relied on the runtime sharing one memory arena between methods;
+executorch's runner does not, and its decode read a cache prefill never wrote, silently).
+Constant methods carry what the runner reads, under the names executorch's LLM export uses
+(``get_max_seq_len``: the longest chunk, ``get_max_context_len``: the cache rows,
+``enable_dynamic_shape``: chunks of several tokens, ``use_kv_cache``, ``get_eos_ids``, and
+``get_vocab_size``, ``get_bos_id``, ``get_n_layers``).
 
 transformers is imported by the functions that need it, never by importing this module.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from dataclasses import dataclass, field
@@ -41,14 +41,18 @@ from torch import nn
 from ..static_cache import with_static_cache
 from .sizes import cache_sizes
 
+# The one method executorch's runner calls (llm_runner_helper: "forward" when the program has
+# it); the names of the two-method layout, which this module no longer writes.
+FORWARD = "forward"
 PREFILL, DECODE = "prefill", "decode"
 
 
 @dataclass
 class GenerationPrograms:
-    """The two exported programs of one model and the constant methods to emit with them."""
+    """The exported programs of one model (a generation .pte: ``{"forward": program}``) and the
+    constant methods to emit with them."""
 
-    programs: dict                      # {"prefill": ExportedProgram, "decode": ExportedProgram}
+    programs: dict                      # {method name: ExportedProgram}
     metadata: dict = field(default_factory=dict)
     max_cache: int = 0
     max_prefill: int = 0
@@ -84,9 +88,10 @@ def sizes(model, max_cache: Optional[int] = None, max_prefill: Optional[int] = N
 
 def _metadata(model, max_cache: int, max_prefill: int) -> dict:
     config = _text_config(model)
+    # enable_dynamic_shape: the runner prefills a chunk in one call (else token by token)
     metadata = {"get_max_seq_len": max_prefill, "get_max_context_len": max_cache,
                 "get_vocab_size": int(config.vocab_size), "use_kv_cache": True,
-                "use_sdpa_with_kv_cache": False, "enable_dynamic_shape": True}
+                "use_sdpa_with_kv_cache": False, "enable_dynamic_shape": max_prefill > 1}
     layers = getattr(config, "num_hidden_layers", None)
     if isinstance(layers, int):
         metadata["get_n_layers"] = layers
@@ -103,36 +108,43 @@ def _metadata(model, max_cache: int, max_prefill: int) -> dict:
 
 
 def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
-                     max_prefill: Optional[int] = None, example_tokens: int = 4
-                     ) -> GenerationPrograms:
-    """``prefill`` and ``decode`` of a transformers causal LM (in eval mode), exported with
-    transformers' static cache of ``max_cache`` rows; prefill takes 1 to ``max_prefill``
-    tokens. The caller's model is not changed (its weights are shared, not copied)."""
+                     max_prefill: Optional[int] = None, example_tokens: int = 4,
+                     quantize: Optional[str] = None) -> GenerationPrograms:
+    """``forward`` of a transformers causal LM (in eval mode), exported with transformers'
+    static cache of ``max_cache`` rows, taking 1 to ``max_prefill`` tokens per call.
+    ``quantize``: a scheme of :mod:`xnnfold.export.llm.quantize` applied to a copy of the
+    model's linears first. The caller's model is not changed (unquantized, its weights are
+    shared, not copied)."""
     capped: list = []
     max_cache, max_prefill = sizes(model, max_cache, max_prefill, capped)
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         raise ValueError(f"{type(model).__name__}.forward has no logits_to_keep: not a "
                          "transformers causal LM this export knows")
+    if quantize is not None:
+        model = quantized_copy(model, quantize)
     example = max(1, min(example_tokens, max_prefill))
     vocab = int(_text_config(model).vocab_size)
+    kwargs = {"input_ids": torch.randint(0, vocab, (1, example), dtype=torch.long),
+              "cache_position": torch.arange(example, dtype=torch.long)}
+    shapes = None
+    if max_prefill > 1:            # torch.export specializes a dimension whose range is 1..1
+        length = torch.export.Dim("tokens", min=1, max=max_prefill)
+        shapes = {"input_ids": {1: length}, "cache_position": {0: length}}
     with torch.no_grad():
-        # One wrapper per method: each export traces its own cache buffers (same names, so the
-        # lowered methods share them), and neither trace sees the other's state.
-        decode = torch.export.export(
-            with_static_cache(model, max_cache), (),
-            {"input_ids": torch.zeros(1, 1, dtype=torch.long),
-             "cache_position": torch.zeros(1, dtype=torch.long)}, strict=True)
-        stepper = with_static_cache(model, max_cache, last_logits=True)
-        length = torch.export.Dim("prefill_tokens", min=1, max=max_prefill)
-        prefill = torch.export.export(
-            stepper, (),
-            {"input_ids": torch.randint(0, vocab, (1, example), dtype=torch.long),
-             "cache_position": torch.arange(example, dtype=torch.long)},
-            dynamic_shapes={"input_ids": {1: length}, "cache_position": {0: length}},
-            strict=True)
-    return GenerationPrograms({PREFILL: prefill, DECODE: decode},
-                              _metadata(model, max_cache, max_prefill), max_cache, max_prefill,
-                              capped)
+        forward = torch.export.export(with_static_cache(model, max_cache, last_logits=True),
+                                      (), kwargs, dynamic_shapes=shapes, strict=True)
+    return GenerationPrograms({FORWARD: forward}, _metadata(model, max_cache, max_prefill),
+                              max_cache, max_prefill, capped)
+
+
+def quantized_copy(model: nn.Module, scheme: str) -> nn.Module:
+    """A copy of ``model`` (the caller's stays as it is) with its linears quantized by
+    ``scheme`` (:func:`xnnfold.export.llm.quantize.quantize_linears`)."""
+    from .quantize import quantize_linears
+
+    copied = copy.deepcopy(model)
+    quantize_linears(copied, scheme)
+    return copied
 
 
 @dataclass
@@ -146,14 +158,20 @@ class LoweredGeneration:
 
 
 def lower_generation(generation: GenerationPrograms, partitioner_class=None,
-                     partitioner_kwargs: Optional[dict] = None, before_emit=None
-                     ) -> LoweredGeneration:
-    """Both methods lowered in one ``to_edge_transform_and_lower`` (a partitioner each; by
-    default xnnfold's :class:`~xnnfold.XnnpackPartitioner`), emitted with the cache shared.
-    ``before_emit(edge)`` may read the lowered programs (``edge.exported_program(method)``)
-    before emission rewrites them."""
+                     partitioner_kwargs: Optional[dict] = None, before_emit=None,
+                     arenas_shared: bool = False) -> LoweredGeneration:
+    """The methods lowered in one ``to_edge_transform_and_lower`` (a partitioner each; by
+    default xnnfold's :class:`~xnnfold.XnnpackPartitioner`), emitted with the quantized ops'
+    kernels registered and, if there are several methods, their mutable buffers at one place
+    all of them share. Several methods writing mutable buffers (the LLM bench's two-method
+    layout) are refused (:class:`CacheNotShared`) unless ``arenas_shared``: only a runtime that
+    shares memory arenas between methods (``executorch.runtime.Runtime``) runs such a program
+    right; executorch's LLM runner gives each method memory of its own and would read a cache
+    another method wrote, silently. ``before_emit(edge)`` may read the lowered programs
+    (``edge.exported_program(method)``) before emission rewrites them."""
     from executorch.exir import to_edge_transform_and_lower
 
+    import executorch.kernels.quantized  # noqa: F401 - a quantized program's out variants
     if partitioner_class is None:
         from ...partitioner import XnnpackPartitioner as partitioner_class
     partitioners = {name: partitioner_class(**(partitioner_kwargs or {}))
@@ -161,9 +179,17 @@ def lower_generation(generation: GenerationPrograms, partitioner_class=None,
     edge = to_edge_transform_and_lower(
         dict(generation.programs), partitioner={n: [p] for n, p in partitioners.items()},
         constant_methods=dict(generation.metadata))
+    # the mutations are in the signatures once functionalized (torch.export leaves add_ in)
+    written = {name: set(edge.exported_program(name).graph_signature.buffers_to_mutate.values())
+               for name in generation.programs}
+    writers = sorted(name for name, buffers in written.items() if buffers)
+    if len(writers) > 1 and not arenas_shared:
+        raise CacheNotShared(
+            f"methods {' and '.join(writers)} each write mutable buffers: executorch's LLM "
+            "runner gives each method memory of its own; lower one method (forward), or pass "
+            "arenas_shared=True for a runtime that shares memory arenas between methods")
     inspected = before_emit(edge) if before_emit is not None else None
-    cache = {fqn for name in generation.programs
-             for fqn in edge.exported_program(name).graph_signature.buffers_to_mutate.values()}
+    cache = set().union(*written.values())
     program = edge.to_executorch(emit_config())
     check_shared(program.executorch_program, list(generation.programs), cache)
     return LoweredGeneration(program.buffer, partitioners, inspected)
@@ -176,7 +202,7 @@ class CacheNotShared(RuntimeError):
 def check_shared(program, methods: list, buffers: set) -> None:
     """Every buffer of ``buffers`` (by name) is in the shared arena (mem_id 2) at the same
     offsets in each of ``methods`` of the emitted ``program``; else :class:`CacheNotShared`:
-    prefill would write a cache that decode does not read."""
+    one method would write a cache another does not read."""
     places: dict = {}
     for plan in program.execution_plan:
         if plan.name not in methods:
@@ -197,7 +223,8 @@ def check_shared(program, methods: list, buffers: set) -> None:
 
 def emit_config():
     """executorch's emission with every mutable buffer (the cache) at one place that all
-    methods share: an arena of its own (mem_id 2), the same offset in each method; and the
+    methods share, if there are several: an arena of its own (mem_id 2), the same offset in
+    each method; and the
     cache updated in place (``run_reinplace_pass``: the portable ``index_put`` that writes a
     step's rows, which otherwise copies the whole cache and has the runtime copy it back,
     becomes ``index_put_``, the rows alone; 0.5 ms of a 5.4 ms decode step at issue 29's dims,
@@ -212,8 +239,10 @@ def emit_config():
 
 
 def causal_lm_to_pte(model: nn.Module, max_cache: Optional[int] = None,
-                     max_prefill: Optional[int] = None, **partitioner_kwargs) -> bytes:
-    """The generation-ready .pte of ``model`` through xnnfold (``partitioner_kwargs``: those
-    of :class:`~xnnfold.XnnpackPartitioner`, e.g. ``prefer="size"``)."""
-    generation = export_causal_lm(model, max_cache, max_prefill)
+                     max_prefill: Optional[int] = None, quantize: Optional[str] = None,
+                     **partitioner_kwargs) -> bytes:
+    """The generation-ready .pte of ``model`` through xnnfold (``quantize``: ``"8da4w"`` or
+    ``"int8"``, :mod:`xnnfold.export.llm.quantize`; ``partitioner_kwargs``: those of
+    :class:`~xnnfold.XnnpackPartitioner`, e.g. ``prefer="size"``)."""
+    generation = export_causal_lm(model, max_cache, max_prefill, quantize=quantize)
     return lower_generation(generation, partitioner_kwargs=partitioner_kwargs).pte

@@ -1,11 +1,12 @@
-"""Greedy generation with a generation-ready .pte (:mod:`xnnfold.export.llm.export`) on the ExecuTorch
-runtime, timed.
+"""Generation with a generation-ready .pte (:mod:`xnnfold.export.llm.export`) on the ExecuTorch
+runtime, timed: greedy, or sampled with a temperature and top-p from a seeded generator.
 
-The program is loaded with ``executorch.runtime.Runtime``: its methods on the host share one
-set of memory arenas, so ``prefill`` and ``decode`` read and write the same cache (the .pte
-places it in an arena of its own, mem_id 2, at the same offsets in both methods). A prompt
-longer than the .pte's longest prefill goes in as consecutive chunks: each chunk attends to the
-rows already cached and to itself, causally, which is what one long prefill computes.
+The program's one method, ``forward``, takes a prompt in chunks of at most ``max_prefill``
+tokens (each chunk attends to the rows already cached and to itself, causally: what one long
+prefill computes) and then one token per call, as executorch's ``TextLLMRunner`` calls it; at
+temperature 0 both pick the largest logit, the first one on a tie, so both give the same tokens.
+A .pte of the two-method layout xnnfold wrote before (``prefill`` and ``decode``, the cache
+shared only by a runtime that shares memory arenas between methods) is refused with one line.
 Needs torch and executorch only.
 """
 
@@ -14,28 +15,71 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
-from ...pte.runner import load_llm_kernels, verified_program
-
-PREFILL, DECODE = "prefill", "decode"
+from ...pte.runner import load_llm_kernels, method_constant, verified_program
+from .export import DECODE, FORWARD, PREFILL
 
 
 class NotAGenerationProgram(ValueError):
-    """The .pte has no ``prefill``/``decode`` methods (one line naming what it has)."""
+    """The .pte is not a generation program xnnfold writes (one line naming what it has)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is picked from its logits: the largest (``temperature`` 0, greedy,
+    as the runner at temperature 0), or drawn from ``softmax(logits / temperature)`` restricted
+    to the most likely tokens whose probabilities sum to ``top_p`` (nucleus sampling) by a
+    ``torch.Generator`` seeded with ``seed``. ``vocabulary``: pick among the first that many ids
+    only (the tokenizer's, as the runner does: an id past it has no text)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    vocabulary: Optional[int] = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature {self.temperature}: expected 0 (greedy) or more")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p {self.top_p}: expected more than 0, at most 1")
+        if self.vocabulary is not None and self.vocabulary < 1:
+            raise ValueError(f"vocabulary {self.vocabulary}: at least 1 token")
+
+    def picker(self):
+        """A function ``logits (1, V) -> token id`` for one generation (its own generator)."""
+        generator = torch.Generator().manual_seed(self.seed)
+
+        def pick(logits: torch.Tensor) -> int:
+            row = logits.reshape(-1)[:self.vocabulary].float()
+            if self.temperature == 0:
+                return int(row.argmax())
+            probs = torch.softmax(row / self.temperature, dim=-1)
+            if self.top_p < 1:
+                ordered, order = probs.sort(descending=True)
+                # keep each token whose higher-ranked ones sum to less than top_p (the first
+                # always), so the kept ones sum to at least top_p
+                before = ordered.cumsum(0) - ordered
+                ordered = torch.where(before < self.top_p, ordered, torch.zeros_like(ordered))
+                probs = torch.zeros_like(probs).scatter(0, order, ordered)
+            return int(torch.multinomial(probs, 1, generator=generator))
+        return pick
+
+
+GREEDY = Sampling()
 
 
 @dataclass
 class Generation:
-    """The tokens one greedy run produced and how long each phase took."""
+    """The tokens one run produced and how long each phase took."""
 
     prompt: list
     tokens: list                       # the new tokens, in order
     prefill_seconds: float
     decode_seconds: float
-    decode_steps: int                  # decode calls (the first new token comes from prefill)
+    decode_steps: int                  # one-token calls (the first new token comes from prefill)
     stopped_at_eos: bool = False
     logits: list = field(default_factory=list)   # each new token's logits (1, V), if kept
 
@@ -78,38 +122,39 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _constant(program, name: str, default=None):
-    if name not in program.method_names:
-        return default
-    values = list(program.load_method(name).execute(()))
-    return values if len(values) != 1 else values[0]
-
-
 class Generator:
     """A generation-ready .pte (bytes or a path) loaded on the runtime."""
 
     def __init__(self, pte: Union[bytes, str, Path]):
+        import executorch.kernels.quantized  # noqa: F401 - a quantized .pte's out variants
+
         data = pte if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes()
         self._data = bytes(data)              # the loaded program reads from this buffer
         load_llm_kernels(self._data)
         self._program = verified_program(self._data)
         methods = set(self._program.method_names)
-        if not {PREFILL, DECODE} <= methods:
+        if FORWARD not in methods:
+            if {PREFILL, DECODE} <= methods:
+                raise NotAGenerationProgram(
+                    "methods prefill and decode: the two-method layout of an older xnnfold, "
+                    "whose cache executorch's runner does not share between them; export it "
+                    "again with `xnnfold hf DIR` (one forward method)")
             raise NotAGenerationProgram(
-                f"no prefill and decode methods (it has: {', '.join(sorted(methods))}); "
-                "write a generation .pte with `xnnfold hf DIR` on a causal LM")
-        self.max_cache = int(_constant(self._program, "get_max_context_len", 0))
-        self.max_prefill = int(_constant(self._program, "get_max_seq_len", 0))
-        self.vocab_size = int(_constant(self._program, "get_vocab_size", 0))
-        eos = _constant(self._program, "get_eos_ids", [])
+                f"no forward method (it has: {', '.join(sorted(methods))}); write a "
+                "generation .pte with `xnnfold hf DIR` on a causal LM")
+        self.max_cache = int(method_constant(self._program, "get_max_context_len", 0))
+        self.max_prefill = int(method_constant(self._program, "get_max_seq_len", 0))
+        self.vocab_size = int(method_constant(self._program, "get_vocab_size", 0))
+        eos = method_constant(self._program, "get_eos_ids", [])
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        if self.max_cache < 1 or self.max_prefill < 1:
-            raise NotAGenerationProgram("no get_max_context_len / get_max_seq_len constants: "
-                                        "not a .pte xnnfold.export.llm wrote")
-        self._prefill = self._program.load_method(PREFILL)
-        self._decode = self._program.load_method(DECODE)
+        if self.max_cache < 1 or self.max_prefill < 1 or self.vocab_size < 1:
+            raise NotAGenerationProgram("no get_max_context_len / get_max_seq_len / "
+                                        "get_vocab_size constants: not a generation .pte")
+        self._forward = self._program.load_method(FORWARD)
 
-    def _check(self, tokens: Sequence[int], start: int, new: int = 0) -> None:
+    def check(self, tokens: Sequence[int], new: int = 0, start: int = 0) -> None:
+        """``ValueError`` (one line) unless ``tokens`` at ``start`` and ``new`` generated tokens
+        fit this .pte's vocabulary and cache."""
         if not tokens:
             raise ValueError("the prompt is empty: give at least one token")
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
@@ -125,43 +170,45 @@ class Generator:
                 if room < 1 else f"leave room for {room} new token(s) in this .pte's "
                 f"{self.max_cache} cache rows"))
 
+    def _run(self, tokens: list, first: int) -> torch.Tensor:
+        (logits,) = self._forward.execute((
+            torch.tensor([tokens], dtype=torch.long),
+            torch.arange(first, first + len(tokens), dtype=torch.long)))
+        return logits.reshape(1, -1)
+
     def prefill(self, tokens: Sequence[int], start: int = 0) -> torch.Tensor:
         """Write ``tokens`` into the cache from position ``start``; the last one's logits,
         (1, V). Chunks of at most ``max_prefill`` tokens."""
-        self._check(tokens, start)
+        self.check(tokens, start=start)
         logits = None
         for offset in range(0, len(tokens), self.max_prefill):
-            chunk = list(tokens[offset:offset + self.max_prefill])
-            first = start + offset
-            (logits,) = self._prefill.execute((
-                torch.tensor([chunk], dtype=torch.long),
-                torch.arange(first, first + len(chunk), dtype=torch.long)))
-        return logits.reshape(1, -1)
+            logits = self._run(list(tokens[offset:offset + self.max_prefill]), start + offset)
+        return logits
 
     def step(self, token: int, position: int) -> torch.Tensor:
         """One token at ``position`` into the cache; its logits, (1, V)."""
         if not 0 <= position < self.max_cache:
             raise ValueError(f"position {position} is outside the cache (0 to "
                              f"{self.max_cache - 1})")
-        (logits,) = self._decode.execute((torch.tensor([[token]], dtype=torch.long),
-                                          torch.tensor([position], dtype=torch.long)))
-        return logits.reshape(1, -1)
+        return self._run([int(token)], position)
 
     def generate(self, prompt: Sequence[int], max_new: int, stop_at_eos: bool = True,
-                 keep_logits: bool = False) -> Generation:
-        """Greedy decoding: ``max_new`` tokens after ``prompt`` (fewer at an EOS id the .pte
-        names, unless ``stop_at_eos`` is False). The cache starts at position 0 each time."""
+                 keep_logits: bool = False, sampling: Sampling = GREEDY) -> Generation:
+        """``max_new`` tokens after ``prompt`` (fewer at an EOS id the .pte names, unless
+        ``stop_at_eos`` is False), picked by ``sampling`` (greedy by default). The cache starts
+        at position 0 each time."""
         prompt = [int(t) for t in prompt]
         if max_new < 1:
             raise ValueError(f"max_new {max_new}: generate at least one token")
-        self._check(prompt, 0, max_new)
+        self.check(prompt, max_new)
+        pick = sampling.picker()
         start = time.perf_counter()
         logits = self.prefill(prompt)
         prefill_seconds = time.perf_counter() - start
         tokens, kept, steps, decode_seconds = [], [], 0, 0.0
         position, stopped = len(prompt), False
         while True:
-            token = int(logits.argmax(dim=-1))
+            token = pick(logits)
             tokens.append(token)
             if keep_logits:
                 kept.append(logits)
@@ -179,7 +226,6 @@ class Generator:
 
 
 def generate(pte: Union[bytes, str, Path], prompt: Sequence[int], max_new: int,
-             stop_at_eos: bool = True) -> Generation:
-    """Greedy generation with the .pte at ``pte`` (see :class:`Generator`)."""
-    return Generator(pte).generate(prompt, max_new, stop_at_eos)
-
+             stop_at_eos: bool = True, sampling: Sampling = GREEDY) -> Generation:
+    """Generation with the .pte at ``pte`` (see :class:`Generator`)."""
+    return Generator(pte).generate(prompt, max_new, stop_at_eos, sampling=sampling)

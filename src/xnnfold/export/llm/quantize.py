@@ -1,0 +1,73 @@
+"""The weight quantizations people ship LLMs with on XNNPACK, applied to a causal LM's linears
+before its export (``xnnfold hf --quantize``, the LLM bench's ``--quant``):
+
+- ``8da4w``: 8-bit dynamic activations, 4-bit weights in groups of ``group_size`` (32 by
+  default) — optimum-executorch's ``--qlinear 8da4w`` (its default group size 32 and its
+  default choice of the scales, ``hqq_scale_only``), executorch's ``--qmode 8da4w``;
+- ``int8``: 8-bit dynamic activations, 8-bit weights per output channel (optimum's ``--qlinear
+  8da8w``): XNNPACK's dynamically quantized int8 linear, the kernel of the XNNPACK PT2E
+  quantizer's dynamic per-channel configuration.
+
+Both through torchao's ``quantize_`` on the eager model (``Int8DynamicActivationIntxWeightConfig``):
+the quantized eager model is then the reference a .pte's tokens are compared with. The PT2E
+road (``prepare_pt2e`` / ``convert_pt2e`` on the exported program) is not used for the
+generation .pte: on its dynamic-length ``forward`` the XNNPACK partitioner of executorch 1.5.1,
+stock and xnnfold alike, fails with "Invalid partition, found dependency cycles" (a rotary
+``mul`` and a later ``permute`` tagged into one partition across another delegate).
+torchao is imported when a quantization is applied, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+INT8, W4 = "int8", "8da4w"
+SCHEMES = (W4, INT8)
+DEFAULT_GROUP_SIZE = 32
+# optimum-executorch's default choice of the quantization scales (quantization.py,
+# DEFAULT_QPARAMS_ALGORITHM): half-quadratic optimisation of the scales alone
+SCALES = "hqq_scale_only"
+
+
+def describe(scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> str:
+    if scheme == W4:
+        return (f"8-bit dynamic activations, 4-bit weights in groups of {group_size} "
+                f"(torchao, {SCALES} scales)")
+    return f"8-bit dynamic activations, 8-bit weights per channel (torchao, {SCALES} scales)"
+
+
+def quantize_linears(model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE
+                     ) -> int:
+    """Quantize ``model``'s ``nn.Linear`` layers in place with ``scheme`` (:data:`SCHEMES`);
+    with ``8da4w``, those whose input size ``group_size`` divides (the others stay fp32, as
+    optimum leaves them). Returns how many linears were quantized; ``ValueError`` (one line)
+    for an unknown scheme or a model with no linear to quantize."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    if scheme not in SCHEMES:
+        raise ValueError(f"quantization {scheme!r}: expected one of {', '.join(SCHEMES)}")
+    if scheme == W4:
+        if group_size < 2 or group_size % 2:
+            raise ValueError(f"group size {group_size}: an even number of at least 2")
+        config = Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4, weight_granularity=PerGroup(group_size),
+            intx_choose_qparams_algorithm=SCALES)
+
+        def takes(module: nn.Module) -> bool:
+            return isinstance(module, nn.Linear) and module.in_features % group_size == 0
+    else:
+        config = Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int8, weight_granularity=PerAxis(0),
+            intx_choose_qparams_algorithm=SCALES)
+
+        def takes(module: nn.Module) -> bool:
+            return isinstance(module, nn.Linear)
+    count = sum(1 for m in model.modules() if takes(m))
+    if not count:
+        raise ValueError(f"{type(model).__name__} has no nn.Linear that {scheme} quantizes"
+                         + (f" (none has an input size divisible by {group_size})"
+                            if scheme == W4 else ""))
+    quantize_(model, config, filter_fn=lambda module, _: takes(module))
+    return count
