@@ -119,7 +119,7 @@ def test_falcon_alibi_asserts_the_cache_full_without_its_adaptation(monkeypatch)
     model = decoder_lm.causal_lm("falcon-alibi", decoder_lm.Dims(
         hidden=32, layers=1, heads=4, kv_heads=4, vocab=64, cache=8))
     generation = export_causal_lm(model, 8, 4)
-    decode = generation.programs["decode"]
+    decode = generation.programs["forward"]
     assert any(n.target is torch.sym_not for n in decode.graph.nodes)
     assert any(n.target is torch.ops.aten.item.default for n in decode.graph.nodes)
 
