@@ -24,6 +24,7 @@ from .steps.attention import rewrite_attention
 from .steps.kv_cache import rewrite_kv_caches
 from .steps.canonical import canonicalize
 from .steps.mask_index import rewrite_mask_indexing
+from .steps.gelu_tanh import rewrite_tanh_gelus
 from .steps.runtime_weight import mark_runtime_weights
 from .errors import FoldError, StrictFallback, warn_or_raise
 from .steps.fold.evaluate import ConeEvaluator
@@ -59,6 +60,8 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     base = copy_program(ep)
     indexed = rewrite_mask_indexing(base)
     check(base, "mask_index")
+    gelus = rewrite_tanh_gelus(base)
+    check(base, "gelu_tanh")
     cached = rewrite_kv_caches(base, llm_kernels) if attention else []
     check(base, "kv_cache")
     attended = rewrite_attention(base) if attention else []
@@ -95,10 +98,12 @@ def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleS
     result.attention = attended
     result.mask_index = indexed
     result.kv_cache = cached
+    result.gelu_tanh = gelus
     mark_runtime_weights(result, rule_set.prefer)
     check(result.program, "runtime_weight")
     if result.program is base and not rewrites and not indexed and \
             not any(a.rewritten for a in attended) and not any(c.rewritten for c in cached) and \
+            not any(g.rewritten for g in gelus) and \
             not any(row.runtime_weight for row in result.operands):
         result.program = ep    # nothing changed: the caller's own program
     return result

@@ -48,6 +48,7 @@ class FoldResult:
     attention: list = field(default_factory=list)    # AttentionRewrite, rewritten or kept
     mask_index: list = field(default_factory=list)   # MaskIndexRewrite
     kv_cache: list = field(default_factory=list)     # KVCacheRewrite, rewritten or kept
+    gelu_tanh: list = field(default_factory=list)    # TanhGeluRewrite, rewritten or kept
     probe_rounds: int = 0
     fallback: Optional[str] = None    # set when an internal failure sent us back to stock
     modified: bool = False            # False when ``program`` is the input, untouched
