@@ -11,7 +11,7 @@ import importlib
 
 _PUBLIC = {"export_causal_lm": "export", "lower_generation": "export",
            "causal_lm_to_pte": "export", "GenerationPrograms": "export",
-           "LoweredGeneration": "export", "Generator": "runtime", "Generation": "runtime",
+           "LoweredGeneration": "export", "CannotExport": "export", "Generator": "runtime", "Generation": "runtime",
            "NotAGenerationProgram": "runtime", "generate": "runtime",
            "set_threads": "runtime",
            "cache_sizes": "sizes"}

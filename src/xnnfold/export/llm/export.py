@@ -30,6 +30,7 @@ transformers is imported by the functions that need it, never by importing this 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Optional
@@ -37,6 +38,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ...usage import first_line
+from ..experts import routed_experts
 from ..static_cache import with_static_cache
 from .sizes import cache_sizes
 
@@ -92,33 +95,59 @@ def _metadata(model, max_cache: int, max_prefill: int) -> dict:
     return metadata
 
 
+class CannotExport(RuntimeError):
+    """torch.export could not take the model: its class and the reason in one line; the
+    original error is the cause (``__cause__``)."""
+
+    def __init__(self, model_class: str, reason: str):
+        super().__init__(f"{model_class}: the export with transformers' static cache failed "
+                         f"({reason})")
+        self.model_class, self.reason = model_class, reason
+
+
+@contextlib.contextmanager
+def _named_failures(model):
+    try:
+        yield
+    except CannotExport:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever torch raises, one line and the cause
+        raise CannotExport(type(model).__name__, first_line(error, 300)) from error
+
+
 def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
                      max_prefill: Optional[int] = None, example_tokens: int = 4
                      ) -> GenerationPrograms:
     """``prefill`` and ``decode`` of a transformers causal LM (in eval mode), exported with
     transformers' static cache of ``max_cache`` rows; prefill takes 1 to ``max_prefill``
-    tokens. The caller's model is not changed (its weights are shared, not copied)."""
+    tokens. The caller's model is not changed (its weights are shared, not copied).
+    Mixture-of-experts layers are exported as one cond per expert over its own XNNPACK
+    delegate (:mod:`xnnfold.export.experts`). A model torch.export cannot take raises
+    :class:`CannotExport`."""
     max_cache, max_prefill = sizes(model, max_cache, max_prefill)
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         raise ValueError(f"{type(model).__name__}.forward has no logits_to_keep: not a "
                          "transformers causal LM this export knows")
     example = max(1, min(example_tokens, max_prefill))
     vocab = int(_text_config(model).vocab_size)
-    with torch.no_grad():
+    with torch.no_grad(), _named_failures(model):
         # One wrapper per method: each export traces its own cache buffers (same names, so the
-        # lowered methods share them), and neither trace sees the other's state.
-        decode = torch.export.export(
-            with_static_cache(model, max_cache), (),
-            {"input_ids": torch.zeros(1, 1, dtype=torch.long),
-             "cache_position": torch.zeros(1, dtype=torch.long)}, strict=True)
-        stepper = with_static_cache(model, max_cache, last_logits=True)
+        # lowered methods share them), and neither trace sees the other's state. Both built
+        # before the experts are routed (the wrappers run the model once, eagerly).
+        stepper = with_static_cache(model, max_cache)
+        prefiller = with_static_cache(model, max_cache, last_logits=True)
         length = torch.export.Dim("prefill_tokens", min=1, max=max_prefill)
-        prefill = torch.export.export(
-            stepper, (),
-            {"input_ids": torch.randint(0, vocab, (1, example), dtype=torch.long),
-             "cache_position": torch.arange(example, dtype=torch.long)},
-            dynamic_shapes={"input_ids": {1: length}, "cache_position": {0: length}},
-            strict=True)
+        with routed_experts(model, max_prefill):
+            decode = torch.export.export(
+                stepper, (),
+                {"input_ids": torch.zeros(1, 1, dtype=torch.long),
+                 "cache_position": torch.zeros(1, dtype=torch.long)}, strict=True)
+            prefill = torch.export.export(
+                prefiller, (),
+                {"input_ids": torch.randint(0, vocab, (1, example), dtype=torch.long),
+                 "cache_position": torch.arange(example, dtype=torch.long)},
+                dynamic_shapes={"input_ids": {1: length}, "cache_position": {0: length}},
+                strict=True)
     return GenerationPrograms({PREFILL: prefill, DECODE: decode},
                               _metadata(model, max_cache, max_prefill), max_cache, max_prefill)
 
@@ -190,12 +219,16 @@ def emit_config():
     step's rows, which otherwise copies the whole cache and has the runtime copy it back,
     becomes ``index_put_``, the rows alone; 0.5 ms of a 5.4 ms decode step at issue 29's dims,
     README *LLM decode*). executorch's pass changes only an ``index_put`` whose cache no
-    later node reads."""
+    later node reads. A cond's outputs (mixture-of-experts layers) planned where they live on
+    (:mod:`xnnfold.export.cond_memory`)."""
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
 
+    from ..cond_memory import CondOutputsInParent
+
     return ExecutorchBackendConfig(
-        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True,
+                                                memory_planning_algo=CondOutputsInParent()),
         emit_mutable_buffer_names=True, run_reinplace_pass=True)
 
 
