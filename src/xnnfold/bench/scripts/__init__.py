@@ -25,6 +25,7 @@ SCRIPTS = {
     "lowering-isolated": "lowering_isolated",
     "quantized-attention": "quantized_attention",
     "llm-decode": "llm_decode",
+    "llm-families": "llm_families",
 }
 
 
