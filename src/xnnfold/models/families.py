@@ -117,11 +117,12 @@ FAMILIES = {
 MIXTURES = ("mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "granitemoe", "phimoe", "deepseek-v3")
 
 
-def config(family: str, sizes: Sizes):
+def config(family: str, sizes: Sizes, **overrides):
+    """The family's config at ``sizes`` (``overrides``: config arguments set over them)."""
     from ..export.transformers import import_transformers
 
     class_name, arguments = FAMILIES[family]
-    made = getattr(import_transformers(), class_name)(**arguments(sizes))
+    made = getattr(import_transformers(), class_name)(**{**arguments(sizes), **overrides})
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):    # the real vocab's ids
         value = getattr(made, name, None)
         if isinstance(value, int) and value >= sizes.vocab:
@@ -129,7 +130,7 @@ def config(family: str, sizes: Sizes):
     return made
 
 
-def build(family: str, sizes: Sizes, seed: int = 0):
+def build(family: str, sizes: Sizes, seed: int = 0, **overrides):
     """The family's causal LM at ``sizes``, random weights (seeded), in eval mode; its
     attention implementation transformers' default for the class (eager where it has no
     SDPA)."""
@@ -138,7 +139,8 @@ def build(family: str, sizes: Sizes, seed: int = 0):
     from ..export.transformers import import_transformers
 
     torch.manual_seed(seed)
-    model = import_transformers().AutoModelForCausalLM.from_config(config(family, sizes)).eval()
+    model = import_transformers().AutoModelForCausalLM.from_config(
+        config(family, sizes, **overrides)).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -26,6 +26,7 @@ SCRIPTS = {
     "quantized-attention": "quantized_attention",
     "llm-decode": "llm_decode",
     "llm-families": "llm_families",
+    "moe-decode": "moe_decode",
 }
 
 
