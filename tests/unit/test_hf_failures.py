@@ -54,3 +54,14 @@ def test_an_error_keeps_its_reason_when_its_first_line_is_empty():
         "lowering MixtralForCausalLM's prefill and decode failed (SpecViolationError: Operator "
         "torch._ops.aten.histc.default is not in Core ATen opset")
     assert raised.value.__cause__ is histc
+
+
+def test_the_export_s_own_error_is_said_once():
+    from xnnfold.export.llm import CannotExport
+
+    error = CannotExport("OPTForCausalLM", "UserError: Could not guard on u2 > 1")
+    with pytest.raises(UsageError) as raised:
+        with failing_as_usage("OPTForCausalLM: the export with transformers' static cache"):
+            raise error
+    assert str(raised.value) == ("OPTForCausalLM: the export with transformers' static cache "
+                                 "failed (UserError: Could not guard on u2 > 1)")

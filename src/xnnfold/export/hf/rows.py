@@ -47,7 +47,10 @@ def failing_as_usage(what: str):
     except UsageError:
         raise
     except Exception as error:  # noqa: BLE001 - whatever fails, say which step and why
-        raise UsageError(f"{what} failed ({first_line(error, 200)})") from error
+        from ..llm.export import CannotExport
+
+        said = error.reason if isinstance(error, CannotExport) else first_line(error, 200)
+        raise UsageError(f"{what} failed ({said})") from error
 
 
 def row(part: str, variant: str, lowered, verdict, median_ms, written: str,
