@@ -1,6 +1,9 @@
-"""The LLM families table (``xnnfold bench llm-families``) from fabricated rows, without
-lowering: each column read from its row, failures in place of the numbers; the family list
-imports without torch. The command itself, fast mode, on one family: a slow test."""
+"""The LLM benches' tables, without lowering: the families table (``xnnfold bench
+llm-families``) from fabricated rows, each column read from its row, failures in place of the
+numbers, the family list importable without torch; the weights a mixture-of-experts decode step
+reads (``xnnfold bench moe-decode``), by count, on a tiny Mixtral: routed = the active
+parameters, every expert on every token = all of them, transformers' batched_mm = its gathered
+experts read three times. The families command itself, fast mode, on one family: a slow test."""
 
 import subprocess
 import sys
@@ -8,7 +11,9 @@ import sys
 import pytest
 
 from xnnfold.bench import families as bench
+from xnnfold.bench import moe
 from xnnfold.models import families
+from xnnfold.models.families import FAST
 
 
 def test_a_measured_row():
@@ -51,3 +56,19 @@ def test_fast_mode_on_one_family(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| llama")]
     cells = [c.strip() for c in rows[-1].strip("|").split("|")]
     assert cells[2:5] == ["yes", "yes", "12/12"] and cells[-1] == "kv_cache", cells
+
+
+def test_bytes_per_variant():
+    model = moe.build(FAST, intermediate=96)         # 4 experts, top-2, 2 layers, hidden 64
+    expert = 3 * 64 * 96 * 4                         # gate, up, down; fp32
+    routed = moe.weight_bytes(model, "routed", 2)
+    assert routed["experts"] == 2 * expert * 2 and routed["total"] == routed["active"]
+    everything = moe.weight_bytes(model, "all-experts", 2)
+    assert everything["experts"] == 4 * expert * 2
+    assert everything["total"] - routed["total"] == 2 * expert * 2
+    gathered = moe.weight_bytes(model, "batched-mm", 2)
+    assert gathered["experts"] == pytest.approx(3 * routed["experts"])
+    # the rest: attention, norms, router, head and one row of the (untied) embedding table
+    table = model.get_input_embeddings().weight
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert routed["rest"] == params - 4 * expert * 2 - table.numel() * 4 + table.shape[1] * 4
