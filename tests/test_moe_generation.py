@@ -103,3 +103,30 @@ def test_a_model_export_cannot_take_is_named():
         export_causal_lm(BranchOnData(inner), max_cache=8, max_prefill=4)
     assert error.value.__cause__ is not None and error.value.model_class == "BranchOnData"
     assert "\n" not in str(error.value)
+
+
+def test_a_gate_xnnpack_cannot_take_leaves_each_gemm_a_delegate():
+    """GPT-OSS's gate (interleaved halves, clamped, sigmoid-weighted) has slices XNNPACK does not
+    take: each expert's two GEMMs become delegates of their own, the gate runs between them."""
+    from transformers.integrations.moe import batched_mm_experts_forward
+
+    from xnnfold.export import experts as routing
+
+    tf = import_transformers()
+    seed_everything("gpt-oss-experts")
+    model = tf.AutoModelForCausalLM.from_config(tf.GptOssConfig(
+        hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, vocab_size=64, num_local_experts=2,
+        num_experts_per_tok=1)).eval()
+    (experts,) = routing.experts_modules(model)
+    with torch.no_grad():
+        for param in experts.parameters():
+            param.normal_(0, 0.3)
+    lowered = routing._lowered_experts(experts, max_tokens=4)
+    x = torch.randn(3, 32)
+    for e, expert in enumerate(lowered):
+        assert isinstance(expert, routing.OneExpert) and set(expert.gemms) == {"in", "out"}
+        with torch.no_grad():
+            expected = batched_mm_experts_forward(experts, x, torch.full((3, 1), e),
+                                                  torch.ones(3, 1))
+            assert torch.allclose(expert(x), expected, atol=1e-5)

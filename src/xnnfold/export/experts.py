@@ -84,60 +84,96 @@ class OneExpert(nn.Module):
         # the gate is the experts class's own method (reads no parameters)
         object.__setattr__(self, "_experts", experts)
 
+        self.gemms = None       # {name: its delegate}, when the gate stays outside them
+
     @property
-    def hidden_size(self) -> int:
-        return self.w_out.shape[0]
+    def gemm_names(self) -> tuple:
+        return ("gate", "up", "out") if self.split else ("in", "out")
+
+    def gemm(self, name: str) -> tuple:
+        """(weight, bias) of GEMM ``name``."""
+        return getattr(self, f"w_{name}"), getattr(self, f"b_{name}")
+
+    def _linear(self, name: str, x):
+        if self.gemms is not None:
+            return _first(self.gemms[name](x))
+        return nn.functional.linear(x, *self.gemm(name))
 
     def forward(self, x):
-        linear = nn.functional.linear
         if self.split:
-            h = self.act_fn(linear(x, self.w_gate, self.b_gate)) * linear(x, self.w_up, self.b_up)
+            h = self.act_fn(self._linear("gate", x)) * self._linear("up", x)
         elif self._experts.has_gate:
-            h = type(self._experts)._apply_gate(self._experts, linear(x, self.w_in, self.b_in))
+            h = type(self._experts)._apply_gate(self._experts, self._linear("in", x))
         else:
-            h = self.act_fn(linear(x, self.w_in, self.b_in))
-        out = linear(h, self.w_out, self.b_out)
+            h = self.act_fn(self._linear("in", x))
+        out = self._linear("out", h)
         return self.post_expert_norm(out) if self.post_expert_norm is not None else out
 
 
+class _Linear(nn.Module):
+    def __init__(self, weight, bias):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
 class ExpertNotDelegated(RuntimeError):
-    """An expert's FFN did not lower to exactly one XNNPACK delegate."""
+    """An expert's GEMM did not lower to one XNNPACK delegate."""
 
 
-def _lowered_experts(experts: nn.Module, max_tokens: int) -> list:
-    """One LoweredBackendModule per expert of ``experts``: its FFN on 1 to ``max_tokens``
-    tokens, lowered with executorch's XnnpackPartitioner (plain weights: nothing to fold). The
-    experts share one structure: exported once, each lowered with its own weights."""
+def _lowered_alike(modules: list, max_tokens: int) -> list:
+    """Each of ``modules`` (one structure, their own weights) on 1 to ``max_tokens`` rows,
+    lowered with executorch's XnnpackPartitioner (plain weights: nothing to fold): exported
+    once, lowered in one call; its single delegate, or None if it lowered to anything else."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
     from executorch.exir.lowered_backend_module import get_lowered_submodules
 
-    ones = [OneExpert(experts, e) for e in range(experts.num_experts)]
+    width = next(modules[0].parameters()).shape[1]
     rows = 2 if max_tokens > 1 else 1
     dynamic = ({0: torch.export.Dim("expert_tokens", min=1, max=max_tokens)},) \
         if max_tokens > 1 else None
     with torch.no_grad():
-        base = torch.export.export(ones[0], (torch.zeros(rows, ones[0].hidden_size),),
+        base = torch.export.export(modules[0], (torch.zeros(rows, width),),
                                    dynamic_shapes=dynamic, strict=True)
-    programs = {f"expert_{e}": _with_weights(base, one) for e, one in enumerate(ones)}
+    programs = {f"part_{i}": _with_weights(base, m) for i, m in enumerate(modules)}
     edge = to_edge_transform_and_lower(
         programs, partitioner={name: [XnnpackPartitioner()] for name in programs})
-    lowered = []
+    single = []
     for name in programs:
         graph = edge.exported_program(name).graph_module
         delegates = get_lowered_submodules(graph)
-        outside = [n.name for n in graph.graph.nodes if n.op == "call_function" and
+        outside = [n for n in graph.graph.nodes if n.op == "call_function" and
                    "call_delegate" not in str(n.target) and "getitem" not in str(n.target)]
-        if len(delegates) != 1 or outside:
-            raise ExpertNotDelegated(
-                f"{type(experts).__name__} {name}: {len(delegates)} delegate(s), "
-                f"outside: {', '.join(outside) or 'nothing'}")
-        lowered.append(delegates[0][1])
-    return lowered
+        single.append(delegates[0][1] if len(delegates) == 1 and not outside else None)
+    return single
 
 
-def _with_weights(program, one: OneExpert):
-    """``program`` (an expert's export) with ``one``'s weights in its state dict."""
+def _lowered_experts(experts: nn.Module, max_tokens: int) -> list:
+    """Per expert of ``experts``, what its cond's branch calls: its whole FFN as one delegate;
+    where XNNPACK cannot take the gate (GPT-OSS's interleaved, clamped one), the expert with each
+    GEMM a delegate of its own and the gate traced between them (portable, inside the branch)."""
+    ones = [OneExpert(experts, e) for e in range(experts.num_experts)]
+    whole = _lowered_alike(ones, max_tokens)
+    if all(d is not None for d in whole):
+        return whole
+    for one in ones:
+        one.gemms = {}
+    for name in ones[0].gemm_names:
+        lowered = _lowered_alike([_Linear(*one.gemm(name)) for one in ones], max_tokens)
+        if any(d is None for d in lowered):
+            raise ExpertNotDelegated(f"{type(experts).__name__}: its {name} GEMM did not lower "
+                                     "to one XNNPACK delegate")
+        for one, delegate in zip(ones, lowered):
+            one.gemms[name] = delegate
+    return ones
+
+
+def _with_weights(program, one: nn.Module):
+    """``program`` (an export of a module like ``one``) with ``one``'s weights in its state
+    dict."""
     import copy
 
     state = {**dict(one.named_parameters()), **dict(one.named_buffers())}
