@@ -21,23 +21,21 @@ import pytest
 import torch
 
 from xnnfold import XnnpackPartitioner
-from xnnfold.errors import STRICT_ENV, StrictFallback
-from xnnfold.probe.verified import VERIFY_ENV
+from xnnfold import config as xnnfold_config
+from xnnfold.config import STRICT_ENV, VERIFY_ENV, Config
+from xnnfold.errors import StrictFallback
 from xnnfold.steps import runtime_weight
 from xnnfold.pte import STOCK, XNNFOLD, Comparison, Lowered, PteRunner, compare_outputs, \
     lower, run_pte
 
 torch.set_num_threads(1)   # small shapes; and no OpenMP pool for a forked process to inherit
-# Every fold of the suite runs the fast probe and the whole-program probe and fails on any
-# disagreement (xnnfold.probe.verified); export XNNFOLD_VERIFY_PROBE=0 to time the fast path alone.
-os.environ.setdefault(VERIFY_ENV, "1")
-# An internal failure raises (xnnfold.errors.StrictFallback) instead of falling back to stock;
-# a test that expects a fallback is marked ``fallback_expected``.
-os.environ.setdefault(STRICT_ENV, "1")
-# What every test runs with, as set here (or exported by whoever runs the suite): each test gets
-# these values back (a test file, or a module it imports, cannot turn verification off for the
-# tests after it), and the collection fails if an import changed them (pytest_collection_finish).
-SUITE_ENV = {name: os.environ[name] for name in (VERIFY_ENV, STRICT_ENV)}
+# What every test runs with (xnnfold.config), unless whoever runs the suite exports otherwise:
+# every fold runs the fast probe and the whole-program probe and fails on any disagreement
+# (verify_probe; XNNFOLD_VERIFY_PROBE=0 times the fast path alone), and an internal failure
+# raises (xnnfold.errors.StrictFallback) instead of falling back to stock (strict; a test that
+# expects a fallback is marked ``fallback_expected``). Set per test by _seeded_and_strict: a test
+# file, or a module it imports, cannot change them for the tests after it.
+SUITE_CONFIG = Config.from_environment({STRICT_ENV: "1", VERIFY_ENV: "1", **os.environ})
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,32 +114,19 @@ def seed_everything(key: str) -> int:
 
 @pytest.fixture(autouse=True)
 def _seeded_and_strict(request, monkeypatch):
-    """Per test: its own seed, whatever ran before it on this worker; strict mode unless the
-    test expects a fallback. (Module-scoped fixtures run before this: they seed themselves.)"""
+    """Per test: its own seed, whatever ran before it on this worker; the suite's settings,
+    strict unless the test expects a fallback. (Module-scoped fixtures run before this: they
+    seed themselves.)"""
     seed_everything(request.node.nodeid)
-    for name, value in SUITE_ENV.items():
-        monkeypatch.setenv(name, value)
-    if request.node.get_closest_marker("fallback_expected"):
-        monkeypatch.setenv(STRICT_ENV, "0")
+    fallback = request.node.get_closest_marker("fallback_expected") is not None
+    monkeypatch.setattr(xnnfold_config, "DEFAULT", Config(
+        strict=SUITE_CONFIG.strict and not fallback, verify_probe=SUITE_CONFIG.verify_probe))
 
 
 def set_strict(monkeypatch, strict: bool) -> None:
     """Strict mode (a give-up raises) or the users' mode (it warns) for this test."""
-    if strict:
-        monkeypatch.setenv(STRICT_ENV, "1")
-    else:
-        monkeypatch.delenv(STRICT_ENV, raising=False)
-
-
-def pytest_collection_finish(session):
-    """Importing the test files must leave the suite's settings alone: a module that sets
-    ``XNNFOLD_VERIFY_PROBE=0`` at import (a bench script did) turned verification off for every
-    test of the worker, and one test's failure was all that showed it."""
-    changed = {name: os.environ.get(name) for name, value in SUITE_ENV.items()
-               if os.environ.get(name) != value}
-    if changed:
-        raise pytest.UsageError(f"importing the tests changed {changed} (the suite set "
-                                f"{SUITE_ENV}): set it in a function, not at import")
+    monkeypatch.setattr(xnnfold_config, "DEFAULT",
+                        Config(strict, xnnfold_config.DEFAULT.verify_probe))
 
 
 def pytest_configure(config):
@@ -262,7 +247,7 @@ def check_lowering(model, inputs, *, ep=None, dynamic_shapes=None,
     does, and a delegate where stock has none costs a call). ``stock_pte``: what stock's .pte
     does when run (:class:`StockPte`). ``compare_counts=False`` leaves the byte and count
     comparisons to the caller (the property test states its own). ``rules``: the
-    xnnfold.rules.RuleSet xnnfold lowers with (tests of a rule pass one without it).
+    xnnfold.steps.fold.rules.RuleSet xnnfold lowers with (tests of a rule pass one without it).
     Where stock cannot lower the program, see :func:`check_where_stock_fails_to_lower`; where
     xnnfold may leave it as it is, :func:`check_lowering_if_modified`; a stateful program run
     over steps, :func:`check_steps`.
@@ -275,12 +260,17 @@ def check_lowering(model, inputs, *, ep=None, dynamic_shapes=None,
                                 ideal, stock_pte, compare_counts)
 
 
-def check_where_stock_fails_to_lower(model, inputs, *, dynamic_shapes=None,
+# Why stock cannot lower a program, as its error says it (check_where_stock_fails_to_lower).
+NOT_CORE_ATEN = "is not in Core ATen opset"          # an op outside the Core ATen opset
+PASS_THROUGH = "is already in the inputs"            # a delegate returning one of its inputs
+
+
+def check_where_stock_fails_to_lower(model, inputs, *, stock_error: str, dynamic_shapes=None,
                                      tol: Optional[float] = None) -> Checked:
-    """Stock's lowering raises (an op outside the Core ATen opset that xnnfold folds away):
-    expect that, and run and compare the xnnfold .pte only (``stock`` is None)."""
+    """Stock's lowering raises, with ``stock_error`` (a regex) in its message: expect that, and
+    run and compare the xnnfold .pte only (``stock`` is None)."""
     subject = Subject.of(model, inputs, dynamic_shapes=dynamic_shapes, tol=tol)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match=stock_error):
         lower(subject.ep, STOCK)
     return _check_xnnfold_alone(subject, _lower_xnnfold(subject))
 
@@ -366,9 +356,9 @@ def _expect_stores_no_more(folded: Lowered, stock: Lowered) -> None:
     """The naive fold's failure: tensors stored twice. Exact, whatever the format's overhead,
     but for the one-float scale each rewritten attention's delegate stores (stock keeps it in a
     mul.Scalar on portable)."""
-    scales = ATTENTION_SCALE_BYTES * (sum(a.rewritten for a in folded.fold.attention) +
-                                      sum(c.rewritten for c in folded.fold.kv_cache)) + \
-        GELU_TANH_SCALAR_BYTES * sum(g.rewritten for g in folded.fold.gelu_tanh)
+    scales = ATTENTION_SCALE_BYTES * (sum(a.rewritten for a in folded.fold.of("attention")) +
+                                      sum(c.rewritten for c in folded.fold.of("kv_cache"))) + \
+        GELU_TANH_SCALAR_BYTES * sum(g.rewritten for g in folded.fold.of("gelu_tanh"))
     expect(folded.constant_bytes <= stock.constant_bytes + scales, StoredMore,
            f"xnnfold stores {folded.constant_bytes:,} constant bytes, stock "
            f"{stock.constant_bytes:,} (+{scales} for attention and GELU scalars)")
@@ -415,14 +405,15 @@ def fold_record(result) -> tuple:
     return ([(o.gemm, o.role, o.status, o.rule, o.delegated, o.runtime_weight)
              for o in result.operands],
             sorted((c.name, tuple(c.shape), c.dtype, tuple(c.consumers)) for c in result.constants),
-            [(c.node, c.kernels, c.kept_because) for c in result.kv_cache])
+            [(c.node, c.kernels, c.kept_because) for c in result.of("kv_cache")])
 
 
 def _expect_users_path(subject: Subject, folded: Lowered) -> None:
     """The users' path: the fold alone, verification off (fast-probe failures would be
     swallowed there; strict mode raises them), must decide what the verified lowering did.
     Only the fold runs, not a second lowering."""
-    partitioner = XnnpackPartitioner(**{**subject.xnnfold_kwargs, "verify_probe": False})
+    partitioner = XnnpackPartitioner(**subject.xnnfold_kwargs, config=Config(
+        strict=xnnfold_config.current().strict, verify_probe=False))
     try:
         unverified = partitioner.fold(subject.ep)
     except StrictFallback as error:
@@ -561,3 +552,27 @@ def tiny_wav2vec2_config(transformers, layers: int):
         hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
         conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
         num_conv_pos_embedding_groups=2)
+
+
+# --------------------------------------------------------------------------------------------
+# A skipped test is a test of a shipped feature that did not run: the run fails (its
+# dependencies are test requirements, installed by make test).
+
+_SKIPPED: list = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        why = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        _SKIPPED.append(f"{report.nodeid}: {why}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    if _SKIPPED and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"{len(_SKIPPED)} test(s) skipped, which fails the run: "
+                                + "; ".join(_SKIPPED[:5]), red=True)

@@ -25,7 +25,7 @@ def assert_no_glue(checked, proven):
     """The attentions were rewritten as ``proven`` says and nothing the size of the scores is
     left outside delegates; MHA's in-projection layout chain (``LAYOUT_OPS``: self-attention's
     packed projection, which nothing splits) is stock's and not attention glue."""
-    assert [a.proven for a in checked.fold.attention] == proven, checked.fold.attention
+    assert [a.proven for a in checked.fold.of("attention")] == proven, checked.fold.of("attention")
     big = {op: n for op, n in checked.folded.largest_outside.items()
            if n >= SCORES and op not in LAYOUT_OPS}
     assert big == {}, big
@@ -146,7 +146,7 @@ def test_eager_attention_matmuls_leave_no_expand():
     torch.manual_seed(0)
     model, inputs = EagerAttention(), (_heads(L), _heads(S), _heads(S), torch.randn(B, 1, L, S))
     checked = check_lowering(model, inputs)
-    assert [a.proven for a in checked.fold.attention] == ["same batch dims, no expand"] * 2
+    assert [a.proven for a in checked.fold.of("attention")] == ["same batch dims, no expand"] * 2
     assert "aten.expand_copy.default" in checked.stock.ops_outside
     assert checked.folded.ops_outside == [] and checked.folded.delegate_calls == 1
 
@@ -157,7 +157,7 @@ def test_need_weights_does_not_call_sdpa_and_leaves_no_glue():
     torch.manual_seed(0)
     checked = check_lowering(Mha(need_weights=True).eval(),
                              (torch.randn(B, L, E), torch.randn(B, S, E)))
-    assert checked.fold.attention == []
+    assert checked.fold.of("attention") == []
     assert not GLUE & set(checked.folded.ops_outside), checked.folded.ops_outside
     assert checked.folded.ops_outside == ["aten.mean.dim"], checked.folded.ops_outside
 
@@ -188,7 +188,7 @@ def test_dynamic_length(bounded):
     # run is shorter.
     second = 9 if bounded else 3
     checked = check_lowering(model, inputs, ep=ep, run_inputs=[(torch.randn(B, second, E),)])
-    assert [a.proven for a in checked.fold.attention] == ["no mask"]
+    assert [a.proven for a in checked.fold.of("attention")] == ["no mask"]
     # MHA's own views to [L, B * heads, head_dim] stay outside, with a symbolic shape, as in
     # stock; the glue does not.
     assert not GLUE & set(checked.folded.ops_outside), checked.folded.ops_outside
@@ -216,7 +216,7 @@ def test_without_the_step_the_glue_comes_back():
     torch.manual_seed(0)
     checked = check_lowering_if_modified(Mha().eval(), (torch.randn(B, L, E),),
                                          partitioner_kwargs={"attention": False})
-    assert checked.fold.attention == []
+    assert checked.fold.of("attention") == []
     assert {"aten.eq.Scalar", "aten.where.self", "aten.mul.Scalar"} <= \
         set(checked.folded.ops_outside), checked.folded.ops_outside
 
@@ -229,5 +229,5 @@ def test_a_view_that_relies_on_sdpa_output_layout_lowers():
     # inside to_edge_transform_and_lower, where stock lowers.
     case = models.attention_case("self")
     checked = check_lowering(case.ideal, case.inputs)
-    assert [a.proven for a in checked.fold.attention] == ["no mask"]
+    assert [a.proven for a in checked.fold.of("attention")] == ["no mask"]
     assert checked.folded.delegate_calls == 1

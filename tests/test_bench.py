@@ -44,13 +44,18 @@ sys.stderr.write('[XNNCompiler.cpp:1043] Failed to create node\n'); sys.stderr.f
 sys.stderr.write('W1203 19:43:23.518000 2898 torch/utils/_pytree.py:630] deprecated\n')
 sys.stderr.flush()
 os.write(2, b'\rbar 1'); os.write(2, b'\rbar 2\n')
+# read glued to a progress bar's update (no line end): the runtime's line and a mark
+os.write(2, b'\rbar 3[cpuinfo_utils.cpp:100] Reading file\n')
+os.write(2, b'\rbar 4\x00xnnfold-mark 99\n')
+f.mark()
 print('xnnfold: error: kept', file=sys.stderr)
 f.close()
 print('after close', file=sys.stderr)
 """
     done = _run("-c", code, text=False)       # bytes: text mode would turn \r into \n
     assert done.returncode == 0, done.stderr
-    assert done.stderr == b"\rbar 1\rbar 2\nxnnfold: error: kept\nafter close\n", done.stderr
+    assert done.stderr == b"\rbar 1\rbar 2\n\rbar 3\rbar 4xnnfold: error: kept\nafter close\n", \
+        done.stderr
 
 
 def test_time_interleaved_shuffles_every_round():
@@ -122,7 +127,11 @@ def test_quiet_unless_verbose(tmp_path):
     assert quiet.stdout.splitlines()[-1].startswith("GEMMs outside delegates: 0")
 
 
-def test_lower_from_a_factory_and_explain_all(tmp_path, capsys):
+def test_lower_from_a_factory_and_explain_all(tmp_path, capsys, monkeypatch):
+    """Neither command needs the bench extra (tqdm, matplotlib; tabulate comes with
+    executorch)."""
+    for extra in ("tqdm", "matplotlib"):
+        monkeypatch.setitem(sys.modules, extra, None)       # import raises ImportError
     out = tmp_path / "head.pte"
     assert cli.main(["lower", "bench_factories:mean_head", "-o", str(out)]) == 0
     assert "GEMMs outside delegates: 0" in capsys.readouterr().out and out.stat().st_size > 0
@@ -298,3 +307,15 @@ def test_report_quantized_on_a_factory_and_a_built_in_model(tmp_path):
         assert row["error"] is None and row["outputs_ok"] and row["rounds"] == 2, row
         assert row["gemms_outside"] == 0, row
     assert (tmp_path / "latency.png").stat().st_size > 0
+
+
+def test_llm_decode_knows_the_architectures_decoder_lm_builds():
+    """The script names them without importing torch (its --help answers first): the same list."""
+    from xnnfold.bench.scripts import llm_decode
+    from xnnfold.models import decoder_lm
+
+    assert llm_decode.ARCHITECTURES == decoder_lm.ARCHITECTURES
+    args = llm_decode.parse_args(["--arch", "gemma2", "--dynamic", "128", "--positions", "512"])
+    assert (args.arch, args.dynamic) == ("gemma2", 128)
+    with pytest.raises(SystemExit):
+        llm_decode.parse_args(["--dynamic", "1024"])      # a step no longer than the cache less one

@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -44,27 +45,112 @@ def test_explain(saved, capsys):
     assert cli.main(["explain", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines[2:]
-            if "packed projection" not in line and not line.startswith("attention step:")]
+            if "packed projection" not in line and " step: " not in line]
     assert {tuple(row[1:3]) for row in rows} == {("mha", "(MultiheadAttention)")}, rows
     assert [row[5] for row in rows] == ["folded"] * 6 + ["plain"] * 2
     assert any(line.startswith("attention step: attention") for line in lines), lines
     assert any("packed projection of 2 parts split into" in line for line in lines), lines
+    assert any(line.startswith("fold step: 6 constant(s) folded") for line in lines), lines
 
 
-@pytest.mark.parametrize("kind", ["missing", "directory", "not_pt2", "corrupt", "not_program"])
+@pytest.mark.parametrize("kind", ["missing", "directory", "not_pt2", "corrupt", "not_program",
+                                  "not_an_export_archive"])
 def test_bad_input_is_one_line_and_exit_2(kind, tmp_path, capsys):
+    import zipfile
+
     path = {"missing": tmp_path / "nope.pt2", "directory": tmp_path,
             "not_pt2": tmp_path / "model.pt", "corrupt": tmp_path / "bad.pt2",
-            "not_program": tmp_path / "tensor.pt2"}[kind]
+            "not_program": tmp_path / "tensor.pt2",
+            "not_an_export_archive": tmp_path / "other.pt2"}[kind]
     if kind == "not_pt2":
         path.write_bytes(b"x")
     elif kind == "corrupt":
         path.write_bytes(b"PK\x03\x04 this is not a zip archive")
     elif kind == "not_program":
         torch.save(torch.randn(3), str(path))
+    elif kind == "not_an_export_archive":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "x")
     assert cli.main(["explain", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("xnnfold: error:") and str(path) in err[0], err
+    if kind == "not_an_export_archive":
+        # torch's error says "check the warnings above", which the command hides: the line
+        # says what they said
+        assert "warnings above" not in err[0] and "torch warned: RuntimeError: [enforce fail " \
+            "at inline_container.cc:180] . file in archive is not in a subdirectory: " \
+            "notes.txt" in err[0], err
+
+
+def _tiny_pte() -> bytes:
+    from executorch.exir import to_edge
+
+    program = torch.export.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),))
+    return to_edge(program).to_executorch().buffer
+
+
+def _noise(size: int) -> bytes:
+    rng = random.Random(37)
+    return bytes(rng.randrange(256) for _ in range(size))
+
+
+def test_a_corrupt_pte_is_one_line_and_exit_2_never_a_signal(tmp_path):
+    """``xnnfold generate`` on random bytes ended in SIGABRT with no message (the runtime
+    quotes the file's identifier bytes in its log line, and executorch's pybindings abort on
+    a log line that is not UTF-8); PteRunner on a program with a valid identifier and a
+    corrupt flatbuffer ended in SIGSEGV when run. Each in this process of its own."""
+    noise = _noise(4000)
+    with pytest.raises(UnicodeDecodeError):
+        noise[4:8].decode()                          # what the runtime's log line aborted on
+    (tmp_path / "random.pte").write_bytes(noise)
+    good = _tiny_pte()
+    (tmp_path / "corrupt.pte").write_bytes(good[:8] + noise[:len(good) - 8])
+    # first, its imports' noise kept off stderr (the command's filter is not on yet)
+    run_corrupt = ("import os\nstderr = os.dup(2)\nos.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n"
+                   "import torch\nfrom xnnfold.pte.runner import NotAPte, PteRunner\n"
+                   "try:\n    PteRunner(open('corrupt.pte', 'rb').read()).run("
+                   "(torch.ones(1, 4),))\nexcept NotAPte as error:\n"
+                   "    print('PteRunner:', error, flush=True)\nos.dup2(stderr, 2)\n")
+    done = _xnnfold("generate", "random.pte", "--tokens", "1,2", cwd=tmp_path,
+                    prelude=run_corrupt)
+    assert (done.returncode, done.stderr.strip().splitlines()) == (2, [
+        "xnnfold: error: random.pte: not an ExecuTorch program (bytes 4-8 are "
+        "7\\xe9\\x90\\xc1, not ET12)"]), (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == "PteRunner: a corrupt or truncated ExecuTorch program: " \
+        "the runtime refused it (RuntimeError: Failed to load program, error: 0x:23)", \
+        done.stdout
+
+
+def test_the_identifier_checked_is_the_installed_executorch_one():
+    import re
+
+    import executorch
+    from xnnfold.pte.runner import PROGRAM_IDENTIFIER
+
+    schema = (Path(list(executorch.__path__)[0]) / "schema" / "program.fbs").read_text()
+    assert re.findall(r'file_identifier "(\w+)";', schema) == [PROGRAM_IDENTIFIER.decode()]
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("short", "not an ExecuTorch program (6 byte(s))"),
+    ("other identifier", "not an ExecuTorch program (bytes 4-8 are ZZZZ, not ET12)"),
+    ("truncated", "a corrupt or truncated ExecuTorch program: the runtime refused it "
+     "(RuntimeError: Failed to load program, error: 0x:23"),
+])
+def test_every_load_of_a_pte_checks_it_first(kind, says):
+    """PteRunner, the generation runtime and the ETDump profile refuse it in one line (the
+    pybindings loaded these without a word and failed at the first call)."""
+    from xnnfold.export.llm import Generator
+    from xnnfold.pte.devtools import operator_times
+    from xnnfold.pte.runner import NotAPte, PteRunner
+
+    good = _tiny_pte()
+    data = {"short": good[:6], "other identifier": good[:4] + b"ZZZZ" + good[8:],
+            "truncated": good[:len(good) // 2]}[kind]
+    for load in (PteRunner, Generator, lambda pte: operator_times(pte, (torch.ones(1, 4),))):
+        with pytest.raises(NotAPte) as refused:
+            load(data)
+        assert str(refused.value).startswith(says), (load, refused.value)
 
 
 def test_bad_output_folder(saved, tmp_path, capsys):
@@ -168,6 +254,27 @@ def test_quantize_builds_the_converted_model_of_a_factory(user_folder, monkeypat
     assert case.name == "mymodel:build int8-dynamic"
     with pytest.raises(UsageError, match="expected one of dynamic, static"):
         ModelSource.of("mymodel:build", "int4")
+
+
+@pytest.mark.parametrize("returned, says", [
+    ("torch.nn.Linear(2, 2), 'x'",
+     "element 1 of the tuple it returned is a str, not a tuple of inputs"),
+    ("torch.nn.Linear(2, 2), torch.ones(2)",
+     "element 1 of the tuple it returned is a Tensor, not a tuple of inputs (one input x: "
+     "(x,))"),
+    ("'model', (torch.ones(2),)", "element 0 of the tuple it returned is a str, not a module"),
+    ("torch.nn.Linear(2, 2)", "it returned a Linear"),
+])
+def test_a_factory_returning_something_else_is_named(tmp_path, monkeypatch, capsys, returned,
+                                                      says):
+    (tmp_path / "wrongfactory.py").write_text(f"import torch\ndef build():\n    return "
+                                              f"{returned}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "wrongfactory", raising=False)
+    assert cli.main(["explain", "wrongfactory:build"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["xnnfold: error: wrongfactory:build: the factory must return "
+                   "(torch.nn.Module, tuple of example inputs[, dynamic_shapes]); " + says], err
 
 
 def test_bench_scripts_are_commands(tmp_path):

@@ -13,7 +13,7 @@ from xnnfold import pipeline
 from xnnfold.pte import XNNFOLD, compare_outputs, lower, run_pte
 from xnnfold.dim_order import dim_order_conflicts
 
-from conftest import check_where_stock_fails_to_lower, seed_everything
+from conftest import PASS_THROUGH, check_where_stock_fails_to_lower, seed_everything
 
 HIDDEN = 16
 
@@ -60,8 +60,8 @@ def dim_order_warnings(log) -> list:
 
 def test_oneformer_query_decoder_runs_and_matches_eager(query_decoder, xnnfold_log):
     model, inputs = query_decoder
-    checked = check_where_stock_fails_to_lower(model, inputs)
-    assert [(r.node, r.where_removed) for r in checked.fold.mask_index] == [("index_put_", True)]
+    checked = check_where_stock_fails_to_lower(model, inputs, stock_error=PASS_THROUGH)
+    assert [(r.node, r.where_removed) for r in checked.fold.of("mask_index")] == [("index_put_", True)]
     assert dim_order_warnings(xnnfold_log) == []
 
 
@@ -69,7 +69,8 @@ def test_without_the_mask_index_step_the_lowering_names_what_will_fail(
         query_decoder, monkeypatch, xnnfold_log):
     # The .pte executorch 1.5.1 makes of the where (stock's portable lowering, or xnnfold's
     # without the step) fails on the runtime; the lowering says so first, naming the nodes.
-    monkeypatch.setattr(pipeline, "rewrite_mask_indexing", lambda program: [])
+    without = tuple(step for step in pipeline.STEPS if step.name != "mask_index")
+    monkeypatch.setattr(pipeline, "STEPS", without)
     model, inputs = query_decoder
     folded = lower(torch.export.export(model, inputs), XNNFOLD)
     (warning,) = dim_order_warnings(xnnfold_log)

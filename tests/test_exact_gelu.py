@@ -30,6 +30,6 @@ def test_tanh_gelu_exact_where_stock_is_not():
     checked = check_lowering(model, (x,), tol=2e-6, rtol=0.0, compare_counts=False)
     assert checked.stock_diff > 1e-4, checked.stock_diff     # stock: the exact GELU
     assert checked.folded_diff <= 2e-6, checked.folded_diff
-    assert [r.rewritten for r in checked.fold.gelu_tanh] == [True]
+    assert [r.rewritten for r in checked.fold.of("gelu_tanh")] == [True]
     assert checked.folded.ops_outside == [] and checked.folded.delegate_calls == 1
     assert checked.folded.pte_bytes <= checked.stock.pte_bytes + GELU_TANH_PTE_BYTES

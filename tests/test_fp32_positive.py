@@ -55,7 +55,7 @@ def test_packed_weight_and_bias(how, kind):
                          part_shapes=[(N, K), (N,)])
     assert checked.statuses() == {"folded"}
     assert len(checked.stock.gemms_outside) == 2
-    assert len(checked.fold.canonical) == (2 if kind == "addmm" else 0)
+    assert len(checked.fold.of("canonical")) == (2 if kind == "addmm" else 0)
 
 
 @pytest.mark.parametrize("how,kind,packed", [("split", "linear", ("weight",)),

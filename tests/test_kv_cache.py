@@ -24,7 +24,7 @@ def check(lm, llm_kernels=False, tol=None, masks=1):
     fresh = lm.fresh()
     checked = check_steps(lm.export(), decode_steps(lm), lambda *a: fresh.run(a), tol=tol,
                           partitioner_kwargs={"llm_kernels": True} if llm_kernels else None)
-    records = checked.fold.kv_cache
+    records = checked.fold.of("kv_cache")
     assert records and all(r.rewritten for r in records), [r.describe() for r in records]
     ops = checked.folded.ops_outside
     stock_ops = checked.stock.ops_outside

@@ -13,12 +13,17 @@ from executorch.exir import to_edge_transform_and_lower
 from torch import nn
 
 import xnnfold
-from xnnfold import partitioner, pipeline
-from xnnfold.probe import fast as fast_probe, verified as verified_probe
+from xnnfold import partitioner, pipeline, shape_env
+from xnnfold.steps.fold.probe import fast as fast_probe, verified as verified_probe
 from xnnfold import models
 from xnnfold.pte import STOCK, XNNFOLD, compare_outputs, lower, run_pte
-from xnnfold.probe.cut import cut_context, param_keys, signature
-from xnnfold.probe.program import build_module
+from xnnfold.steps.fold.probe.cut import cut_context, param_keys, signature
+from xnnfold.steps.fold.probe.program import build_module
+from xnnfold import config as xnnfold_config
+from xnnfold.config import Config
+
+# folds in strict mode, with and without the whole-program probe checking the fast one
+VERIFIED, FAST = Config(strict=True, verify_probe=True), Config(strict=True, verify_probe=False)
 
 K = 12
 
@@ -176,10 +181,10 @@ def test_a_disagreement_fails_the_fold_naming_the_gemm(monkeypatch):
     """The verification guard: a fast probe that declines everything must be caught."""
     monkeypatch.setattr(fast_probe.FastProbe, "__call__", lambda self, program, constants: set())
     ep = torch.export.export(PackedPair(), (torch.randn(5, K),))
-    verified = xnnfold.fold_gemm_params(ep, verify_probe=True)
+    verified = xnnfold.fold_gemm_params(ep, config=Config(strict=False, verify_probe=True))
     assert verified.fallback is not None and "disagreement" in verified.fallback
     assert "linear" in verified.fallback
-    unverified = xnnfold.fold_gemm_params(ep, verify_probe=False)
+    unverified = xnnfold.fold_gemm_params(ep, config=FAST)
     assert unverified.fallback is None
     assert {o.rule for o in unverified.operands} == {"delegated"}
 
@@ -201,7 +206,7 @@ def test_a_lowering_checks_the_last_answer_with_its_own_partition(monkeypatch):
     lowered = lower(ep, XNNFOLD)            # verification on (conftest)
     assert lowered.fold.fallback is None and len(lowered.fold.folded) == 4   # 2 weights, 2 biases
     assert calls == []
-    assert xnnfold.fold_gemm_params(ep, verify_probe=True).fallback is None
+    assert xnnfold.fold_gemm_params(ep, config=VERIFIED).fallback is None
     assert calls == [1]
 
 
@@ -262,8 +267,8 @@ def test_data_dependent_program_lowers_with_xnnfold_then_stock(dynamic):
 
 def test_own_shape_env_is_load_bearing(monkeypatch):
     """Without the isolation, xnnfold's lowering leaves the caller's ShapeEnv unlowerable."""
-    monkeypatch.setattr(partitioner, "give_own_shape_env", lambda program: None)
-    monkeypatch.setenv(verified_probe.VERIFY_ENV, "0")   # the fast probe alone leaves nothing
+    monkeypatch.setattr(shape_env, "give_own_shape_env", lambda program: None)
+    monkeypatch.setattr(xnnfold_config, "DEFAULT", FAST)   # the fast probe alone leaves nothing
     torch.manual_seed(0)
     ep = torch.export.export(MaskedAndWeightNorm().eval(), (torch.randn(4, K),))
     lower(ep, XNNFOLD)
@@ -277,7 +282,7 @@ def test_verification_probe_isolation_is_load_bearing(monkeypatch):
     monkeypatch.setattr(verified_probe, "needs_own_shape_env", lambda program: False)
     torch.manual_seed(0)
     ep = torch.export.export(MaskedAndWeightNorm().eval(), (torch.randn(4, K),))
-    result = xnnfold.fold_gemm_params(ep, verify_probe=True)
+    result = xnnfold.fold_gemm_params(ep, config=VERIFIED)
     assert result.fallback is None
     with pytest.raises(Exception, match="PendingUnbackedSymbolNotFound|Pending unbacked"):
         to_edge_transform_and_lower(ep, partitioner=[StockXnnpackPartitioner()])
@@ -343,5 +348,5 @@ def test_context_keeps_a_no_op_cast_of_a_param():
     bias_param = [e for e in context.externals if e.key == "linear.bias"]
     assert len(bias_param) == 1 and bias_param[0].is_param
     result = xnnfold.fold_gemm_params(torch.export.export(Cast(), (torch.randn(3, K),)),
-                                      verify_probe=True)
+                                      config=VERIFIED)
     assert result.fallback is None and len(result.folded) == 1

@@ -13,13 +13,14 @@ from torch import nn
 import xnnfold
 from conftest import (LAYOUT_OPS, GemmsOutside, assert_all_delegated, assert_matches_ideal,
                       check_lowering)
-from xnnfold import rules
+from xnnfold.steps import projections
+from xnnfold.steps.fold import rules
 from xnnfold import models
 E = 16
 
 
 def _split_sites(checked) -> list:
-    return checked.fold.split_projections
+    return projections.split_in(checked.fold)
 
 
 def test_self_attention_matches_ideal():
@@ -106,7 +107,7 @@ class PackedLayout(nn.Module):
 def test_projection_also_used_whole_is_not_split():
     torch.manual_seed(0)
     checked = check_lowering(PackedLayout(use_whole=True).eval(), (torch.randn(5, E),))
-    assert checked.fold.projections == []
+    assert projections.found_in(checked.fold) == []
     assert checked.folded.pte == checked.stock.pte
 
 
@@ -135,11 +136,11 @@ def _check_bf16(bf16_layout):
 def test_split_undone_when_parts_are_not_delegated(bf16_layout):
     """XNNPACK declines bf16 linears: the split would only add row blocks on portable."""
     checked = _check_bf16(bf16_layout)
-    (site,) = checked.fold.projections
+    (site,) = projections.found_in(checked.fold)
     assert site.kept_because is not None and "delegated" in site.kept_because.reason
     assert site.part_linears == {}
     assert checked.folded.pte == checked.stock.pte
-    text = xnnfold.format_explanation(checked.fold.operands, projections=checked.fold.projections)
+    text = xnnfold.format_explanation(checked.fold.operands, records=checked.fold.records)
     assert "kept as is" in text
 
 

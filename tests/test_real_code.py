@@ -11,10 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold import analysis, pipeline, rules
+from xnnfold import analysis, pipeline
+from xnnfold.steps.fold import rules
 from xnnfold.steps import canonical, fold, runtime_weight
+import xnnfold.steps.fold.apply  # noqa: F401  (a guard below is patched there)
 from xnnfold.decision import Decline, Rule
-from xnnfold.rules import DEFAULT_RULES
+from xnnfold.steps.fold.rules import DEFAULT_RULES
 
 from conftest import (Fallback, GemmsOutside, Params, StoredMore, UnexpectedFold,
                       assert_all_delegated, check_lowering, expect_fold, tiny_wav2vec2_config)
@@ -81,7 +83,7 @@ def linear_and_transposed_addmm():
                              (torch.randn(3, E), torch.randn(3, E)))
     assert_all_delegated(checked, packed_shapes=[(2 * E, E), (2 * E,)], part_shapes=[(E, E)])
     assert len(checked.stock.gemms_outside) == 4
-    assert [r.was for r in checked.fold.canonical] == ["aten.addmm.default"] * 2
+    assert [r.was for r in checked.fold.of("canonical")] == ["aten.addmm.default"] * 2
 
 
 class TransposedForms(nn.Module):
@@ -102,7 +104,7 @@ def test_transposed_forms_become_linear_except_a_scaled_addmm():
     assert len(checked.stock.gemms_outside) == 5
     # addmm with beta=0.5 is not a linear: it stays as stock leaves it.
     assert checked.folded.gemms_outside == ["aten.addmm.default"], checked.folded.ops_outside
-    assert [r.gemm for r in checked.fold.canonical] == ["mm", "matmul", "matmul_1", "addmm"]
+    assert [r.gemm for r in checked.fold.of("canonical")] == ["mm", "matmul", "matmul_1", "addmm"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,7 +247,8 @@ GUARDS = [
     ("same-dtype casts", (analysis, "removed_by_decomposition", lambda node: None),
      UnexpectedFold),
     # without it the param stays for its assertion: the no-growth guard sends us to stock
-    ("metadata assertion of a cast param", (fold, "is_metadata_assertion", lambda node: False),
+    ("metadata assertion of a cast param",
+     (fold.apply, "is_metadata_assertion", lambda node: False),
      Fallback),
     # kept as addmm, each part would be folded twice (W and W.t()): the size rule declines
     ("linear and transposed addmm", (canonical, "linear_args", lambda node: None),

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xnnfold.decision import Rule
-from xnnfold.rules import DEFAULT_RULES
+from xnnfold.steps.fold.rules import DEFAULT_RULES
 
 from conftest import (Fallback, Params, StockPte, UnexpectedFold, assert_all_delegated,
                       check_lowering, expect, expect_fold)

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 import conftest
 from conftest import Fallback, NumericMismatch, Params, UsersPathDiffers, check_lowering
 from xnnfold.pte import STOCK, XNNFOLD
-from xnnfold.errors import STRICT_ENV
-from xnnfold.probe import fast as fast_probe
-from xnnfold.probe import verified as verified_probe
+from conftest import set_strict
+from xnnfold.steps.fold.probe import fast as fast_probe
+from xnnfold.steps.fold.probe import verified as verified_probe
 
 K = 8
 
@@ -83,7 +83,7 @@ def test_a_fast_probe_failure_swallowed_on_the_users_path_fails_in_strict_mode(h
     with pytest.raises(Fallback, match="with verification off: .*injected fast-probe failure"):
         helper()
     # Users' path as shipped: the whole-program probe answers, the same fold, no failure.
-    monkeypatch.setenv(STRICT_ENV, "0")
+    set_strict(monkeypatch, False)
     helper()
 
 

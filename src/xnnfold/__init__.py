@@ -7,7 +7,7 @@ import types
 # The public names are imported on first use (PEP 562), not here: importing executorch prints
 # dependency noise (torchao, torch's _pytree), and the command line silences it first.
 _PUBLIC = {"XnnpackPartitioner": "partitioner", "fold_gemm_params": "partitioner",
-           "FoldGemmParams": "partitioner", "RuleSet": "rules", "Rule": "decision",
+           "FoldGemmParams": "partitioner", "RuleSet": "steps.fold.rules", "Rule": "decision",
            "explain": "explain", "format_explanation": "explain",
            "FoldResult": "result", "GemmOperand": "result"}
 

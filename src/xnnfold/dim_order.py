@@ -25,6 +25,7 @@ it does not list is not reported. Sound, and not complete.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -33,7 +34,10 @@ import torch.fx
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.tensor import dim_order_from_stride
 
-from .node_meta import tensor_val
+from .errors import warn_or_raise
+from .graph.node_meta import tensor_val
+
+logger = logging.getLogger("xnnfold")
 
 # Kernels that write their output contiguously whatever dim order it is declared in.
 _WRITE_CONTIGUOUS = frozenset({exir_ops.edge.aten.nonzero.default})
@@ -135,3 +139,21 @@ def dim_order_conflicts(graph: torch.fx.Graph,
     return [c for node in graph.nodes
             if node.op == "call_function" and not delegated(node) and
             (c := conflict_of(node)) is not None]
+
+
+def warn_of_conflicts(result) -> list:
+    """Warn, naming each node, of the ops left outside delegates that the runtime will refuse
+    for the dim orders of their tensors (this module's): the .pte lowers, as stock's
+    does, and fails on the device. Returns the :class:`~xnnfold.dim_order.DimOrderConflict`s."""
+    try:
+        conflicts = dim_order_conflicts(result.tagged_exported_program.graph,
+                                        lambda node: node.meta.get("delegation_tag") is not None)
+    except Exception as error:  # noqa: BLE001 - a check: the lowering is stock's either way
+        warn_or_raise(logger, "xnnfold: could not check the dim orders of the ops outside "
+                      "delegates (%s: %s)", type(error).__name__, error)
+        return []
+    if conflicts:
+        logger.warning("xnnfold: the ExecuTorch runtime will refuse %d op(s) of this program "
+                       "for the dim orders of their tensors (stock's lowering too):\n  %s",
+                       len(conflicts), "\n  ".join(c.describe() for c in conflicts))
+    return conflicts

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch.fx
+
+from . import config
 
 
 class FoldError(RuntimeError):
@@ -29,22 +30,14 @@ def at_node(node: torch.fx.Node, doing: str):
                         f"{type(error).__name__}: {error}") from error
 
 
-# Tests set XNNFOLD_STRICT=1: an internal failure that users' runs turn into a warning and a
-# fallback to stock (which hides it: the .pte is still right) raises StrictFallback instead.
-STRICT_ENV = "XNNFOLD_STRICT"
-
-
-def strict_requested() -> bool:
-    return os.environ.get(STRICT_ENV, "") not in ("", "0")
-
-
 class StrictFallback(RuntimeError):
-    """Raised, in strict mode only, where xnnfold would have warned and fallen back to stock."""
+    """Raised, in strict mode only (``Config.strict``: the tests' setting), where xnnfold would
+    have warned and fallen back to stock: a fallback hides a bug, the .pte being still right."""
 
 
 def warn_or_raise(logger, message: str, *args) -> None:
     """Where xnnfold gives a step up and does what stock does: a warning for users, a
     :class:`StrictFallback` in strict mode (the tests), so that no such path hides a bug."""
-    if strict_requested():
+    if config.current().strict:
         raise StrictFallback(message % args)
     logger.warning(message, *args)

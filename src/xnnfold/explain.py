@@ -1,8 +1,7 @@
 """Explain: for every GEMM weight and bias, delegated as is, folded, or declined and why (and
-whether it is delegated with a run-time weight); which attentions were rewritten into ops XNNPACK
-takes, and which were kept and why; which GEMMs were rewritten as ``linear``; which packed
-projections were split into one linear per part; and which indexing by ``torch.where(mask)`` now
-indexes by the mask."""
+whether it is delegated with a run-time weight); then what each step of the pass did, by the
+step's name, one line per site it looked at (an attention rewritten or kept and why, a GEMM
+rewritten as ``linear``, a packed projection split or kept, ...)."""
 
 from __future__ import annotations
 
@@ -11,30 +10,22 @@ from typing import Optional
 from torch.export import ExportedProgram
 
 from .partitioner import XnnpackPartitioner, fold_gemm_params
+from .pipeline import STEPS
+
 
 class Explanation(list):
-    """The :class:`~xnnfold.result.GemmOperand` rows, plus ``projections`` (each a
-    :class:`~xnnfold.steps.projections.PackedProjection`, split or kept), ``canonical`` (each a
-    :class:`~xnnfold.steps.canonical.CanonicalRewrite`), ``attention`` (each an
-    :class:`~xnnfold.steps.attention.AttentionRewrite`, rewritten or kept), ``mask_index``
-    (each a :class:`~xnnfold.steps.mask_index.MaskIndexRewrite`), ``kv_cache`` (each a
-    :class:`~xnnfold.steps.kv_cache.KVCacheRewrite`) and ``fallback``."""
+    """The :class:`~xnnfold.result.GemmOperand` rows, plus ``records`` (each step's records, by
+    step name: :attr:`xnnfold.result.FoldResult.records`) and ``fallback``."""
 
-    def __init__(self, rows, projections=(), fallback: Optional[str] = None, canonical=(),
-                 attention=(), mask_index=(), kv_cache=()):
+    def __init__(self, rows, records: Optional[dict] = None, fallback: Optional[str] = None):
         super().__init__(rows)
-        self.kv_cache = list(kv_cache)
-        self.projections = list(projections)
-        self.canonical = list(canonical)
-        self.attention = list(attention)
-        self.mask_index = list(mask_index)
+        self.records = dict(records or {})
         self.fallback = fallback
 
     @classmethod
     def of(cls, result) -> "Explanation":
         """The explanation of a :class:`~xnnfold.result.FoldResult`."""
-        return cls(result.operands, result.projections, result.fallback, result.canonical,
-                   result.attention, result.mask_index, result.kv_cache)
+        return cls(result.operands, result.records, result.fallback)
 
 
 def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
@@ -53,47 +44,31 @@ def explain(ep: ExportedProgram, partitioner=None) -> Explanation:
     return Explanation.of(result)
 
 
-def format_explanation(rows: list, fallback: Optional[str] = None, projections=None) -> str:
-    """A table of ``rows``; then the packed projections and the fallback, if any.
-
-    ``projections`` and ``fallback`` default to those of an :class:`Explanation`.
-    """
-    projections = projections if projections is not None else getattr(rows, "projections", [])
+def format_explanation(rows: list, fallback: Optional[str] = None,
+                       records: Optional[dict] = None) -> str:
+    """A table of ``rows``; then each step's records, in the order the steps ran, with the
+    step's summary line if it has one; then the fallback, if any. ``records`` and ``fallback``
+    default to those of an :class:`Explanation`."""
+    records = records if records is not None else getattr(rows, "records", {})
     fallback = fallback or getattr(rows, "fallback", None)
     table = [[r.gemm, r.module or "", r.kind, r.role, r.status, r.rule or "",
               r.node or r.constant or "", r.reason or ""] for r in rows]
-    text = _columns(["gemm", "module (class)", "kind", "operand", "status", "rule",
+    text = columns(["gemm", "module (class)", "kind", "operand", "status", "rule",
                      "node / constant", "reason"], table) if table else "no GEMM"
-    for rewrite in getattr(rows, "mask_index", []):
-        text += f"\n{rewrite.describe()}"
-    cached = getattr(rows, "kv_cache", [])
-    for record in cached:
-        text += f"\n{record.describe()}"
-    if cached:
-        text += f"\n{kernels_needed(cached)}"
-    for attention in getattr(rows, "attention", []):
-        text += f"\n{attention.describe()}"
-    for rewrite in getattr(rows, "canonical", []):
-        text += f"\n{rewrite.describe()}"
-    for site in projections:
-        text += f"\n{site.describe()}"
+    steps = {step.name: step for step in STEPS}
+    for name, step_records in records.items():
+        for record in step_records:
+            text += f"\n{record.describe()}"
+        summary = getattr(steps.get(name), "summary", None)
+        line = summary(step_records) if summary is not None else None
+        if line:
+            text += f"\n{line}"
     if fallback:
         text += f"\nxnnfold fell back to stock: {fallback}"
     return text
 
 
-def kernels_needed(kv_cache: list) -> str:
-    """Which kernels the lowered program needs, after the KV-cache step."""
-    custom = sorted({k.strip() for r in kv_cache if r.rewritten and r.kernels
-                     for k in r.kernels.split(",") if "::" in k})
-    if not custom:
-        return "kernels the .pte needs: XNNPACK and the portable kernels (any runtime)"
-    return (f"kernels the .pte needs: XNNPACK, the portable kernels and executorch's LLM custom "
-            f"ops {', '.join(custom)} (a runtime built with them: the wheel's pybindings, apps "
-            f"linking executorch's custom_ops)")
-
-
-def _columns(headers: list, rows: list) -> str:
+def columns(headers: list, rows: list) -> str:
     """A plain text table, left-aligned, a rule under the headers."""
     cells = [[str(c) for c in row] for row in [headers] + rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]

@@ -18,15 +18,17 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
 )
 from torch.export import ExportedProgram
 
+from . import config as settings
 from . import pipeline
-from .dim_order import dim_order_conflicts
+from .config import Config
+from .dim_order import warn_of_conflicts
 from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
-from .program_copy import copy_program
-from .rules import DEFAULT_RULES, RuleSet
+from .steps.fold.rules import DEFAULT_RULES, RuleSet
+from .steps import runtime_weight
 from .steps.runtime_weight import open_runtime_weight_path
-from .shape_env import give_own_shape_env, needs_own_shape_env
-from .probe.verified import Verification, make_probe
+from .shape_env import for_lowering
+from .steps.fold.probe.verified import Verification, make_probe
 
 logger = logging.getLogger("xnnfold")
 
@@ -45,10 +47,11 @@ class FoldGemmParams:
 
     ``partitioner`` is the XNNPACK partitioner whose verdict the *delegated* rule asks (default:
     a stock ``XnnpackPartitioner()``); it is not changed. ``rules`` is the
-    :class:`~xnnfold.rules.RuleSet` to apply (tests pass one without a rule). ``verify_probe``
-    (default: the ``XNNFOLD_VERIFY_PROBE`` environment variable) also runs the whole-program
-    probe and fails the fold on any disagreement with the fast one (a test mode: it costs a
-    second decomposition of the program). ``attention=False`` leaves every
+    :class:`~xnnfold.steps.fold.rules.RuleSet` to apply (tests pass one without a rule).
+    ``config`` (:class:`~xnnfold.config.Config`; default: the settings in force when it runs,
+    :func:`xnnfold.config.current`) says whether an internal failure raises (``strict``) and
+    whether the whole-program probe checks every answer of the fast one (``verify_probe``, a
+    test mode: it costs a second decomposition of the program). ``attention=False`` leaves every
     ``scaled_dot_product_attention`` as stock decomposes it (:mod:`xnnfold.steps.attention`,
     :mod:`xnnfold.steps.kv_cache`). ``llm_kernels=True`` lets the KV-cache step put the cache
     update and the attention over it on executorch's ``llama::update_cache`` and
@@ -62,14 +65,19 @@ class FoldGemmParams:
     """
 
     def __init__(self, partitioner: Optional[StockXnnpackPartitioner] = None,
-                 rules: RuleSet = DEFAULT_RULES, verify_probe: Optional[bool] = None,
+                 rules: RuleSet = DEFAULT_RULES, config: Optional[Config] = None,
                  attention: bool = True, llm_kernels: bool = False):
         self.partitioner = partitioner if partitioner is not None \
             else StockXnnpackPartitioner()
         self.rules = rules
-        self.verify_probe = verify_probe
+        self.config = config
         self.attention = attention
         self.llm_kernels = llm_kernels
+        self.steps = pipeline.STEPS     # the pass's steps, in order (xnnfold.pipeline)
+
+    def settings(self) -> Config:
+        """The :class:`~xnnfold.config.Config` a fold runs with now."""
+        return self.config if self.config is not None else settings.current()
 
     def __call__(self, ep: ExportedProgram, verification: Optional[Verification] = None
                  ) -> pipeline.FoldResult:
@@ -79,15 +87,16 @@ class FoldGemmParams:
         verification = verification if verification is not None else Verification()
         verification.fold_starts()
         _check_program(ep)
-        probe = make_probe(self.partitioner, self.verify_probe, verification)
+        config = self.settings()
+        probe = make_probe(self.partitioner, config.verify_probe, verification)
         result = None
         try:
             # The caller's random generator is theirs: whatever the pass's probes and exports
             # draw (a first export's lazy set-up, a module built to be probed) is drawn from a
             # fork.
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), settings.using(config):
                 result = pipeline.run(ep, probe, self.rules, self.attention, verification,
-                                      self.llm_kernels)
+                                      self.llm_kernels, self.steps)
         finally:
             if result is None or result.fallback is not None:
                 verification.fold_failed()   # nothing left to check of a fold given up
@@ -97,7 +106,7 @@ class FoldGemmParams:
 def fold_gemm_params(ep: ExportedProgram,
                      partitioner: Optional[StockXnnpackPartitioner] = None,
                      rules: RuleSet = DEFAULT_RULES,
-                     verify_probe: Optional[bool] = None,
+                     config: Optional[Config] = None,
                      attention: bool = True,
                      prefer: Optional[str] = None,
                      llm_kernels: Optional[bool] = None) -> pipeline.FoldResult:
@@ -114,33 +123,8 @@ def fold_gemm_params(ep: ExportedProgram,
         prefer = partitioner.fold.rules.prefer
     if llm_kernels is None:
         llm_kernels = isinstance(partitioner, XnnpackPartitioner) and partitioner.fold.llm_kernels
-    return FoldGemmParams(partitioner, rules.preferring(prefer), verify_probe, attention,
+    return FoldGemmParams(partitioner, rules.preferring(prefer), config, attention,
                           llm_kernels)(ep)
-
-
-def _for_lowering(ep: ExportedProgram, program: ExportedProgram) -> ExportedProgram:
-    """What the hook hands the lowering for ``program`` (the fold's result for ``ep``): a copy,
-    because the lowering deletes the constants it moves into delegates from the constants dict
-    of the program it is given (``run_decompositions`` shares that dict), and with a ShapeEnv
-    of its own when ``program`` has data-dependent sizes or shares a ShapeEnv that made some:
-    the lowering leaves unbound symbols in its ShapeEnv (see :mod:`xnnfold.shape_env`), which
-    would make the next lowering of ``ep`` raise, and an earlier lowering of ``ep`` may have
-    left some that would make this one raise. ``program`` itself stays the valid program the
-    fold returned (the isolated copy does not round-trip through ``torch.export.save``: its
-    nodes name symbols its ShapeEnv never had). ``ep`` itself when nothing needs doing."""
-    isolate = needs_own_shape_env(program)
-    if program is ep and not isolate:
-        return ep                     # stock's lowering of the caller's program, exactly
-    lowered = copy_program(program)
-    if isolate:
-        try:
-            give_own_shape_env(lowered)
-        except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
-            warn_or_raise(logger, "xnnfold: could not give the program its own ShapeEnv "
-                          "(%s: %s); lowering it leaves unbound symbols in the caller's "
-                          "program, as a stock lowering does", type(error).__name__, error)
-            return copy_program(program)
-    return lowered
 
 
 def _fix_passthrough(result) -> None:
@@ -165,28 +149,10 @@ def _fix_passthrough(result) -> None:
     result.partition_tags.update(partition_tags)
 
 
-def _check_dim_orders(result) -> list:
-    """Warn, naming each node, of the ops left outside delegates that the runtime will refuse
-    for the dim orders of their tensors (:mod:`xnnfold.dim_order`): the .pte lowers, as stock's
-    does, and fails on the device. Returns the :class:`~xnnfold.dim_order.DimOrderConflict`s."""
-    try:
-        conflicts = dim_order_conflicts(result.tagged_exported_program.graph,
-                                        lambda node: node.meta.get("delegation_tag") is not None)
-    except Exception as error:  # noqa: BLE001 - a check: the lowering is stock's either way
-        warn_or_raise(logger, "xnnfold: could not check the dim orders of the ops outside "
-                      "delegates (%s: %s)", type(error).__name__, error)
-        return []
-    if conflicts:
-        logger.warning("xnnfold: the ExecuTorch runtime will refuse %d op(s) of this program "
-                       "for the dim orders of their tensors (stock's lowering too):\n  %s",
-                       len(conflicts), "\n  ".join(c.describe() for c in conflicts))
-    return conflicts
-
-
 class XnnpackPartitioner(StockXnnpackPartitioner):
     """``executorch``'s XnnpackPartitioner, folding computed GEMM weights and biases first.
 
-    Same constructor, plus ``rules``, ``verify_probe``, ``attention`` and ``llm_kernels`` (see
+    Same constructor, plus ``rules``, ``config``, ``attention`` and ``llm_kernels`` (see
     :class:`FoldGemmParams`) and
     ``prefer``: where speed and size trade (an ``nn.Linear`` head tied to its embedding, which
     stock delegates with a second copy of the table), ``"speed"`` (the default) keeps stock's
@@ -203,12 +169,15 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     checks_dim_orders = True     # partition() warns of ops the runtime will refuse
 
     def __init__(self, *args, rules: RuleSet = DEFAULT_RULES,
-                 verify_probe: Optional[bool] = None, attention: bool = True,
+                 config: Optional[Config] = None, attention: bool = True,
                  prefer: Optional[str] = None, llm_kernels: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        open_runtime_weight_path(self)
-        self.fold = FoldGemmParams(self, rules.preferring(prefer), verify_probe, attention,
+        self.fold = FoldGemmParams(self, rules.preferring(prefer), config, attention,
                                    llm_kernels)
+        with settings.using(self.fold.settings()):
+            if not open_runtime_weight_path(self):     # no GEMM is marked for a path not open
+                self.fold.steps = tuple(s for s in self.fold.steps
+                                        if s is not runtime_weight.STEP)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
         # the probe's answers, the last of a fold checked by partition() (verification on)
@@ -232,14 +201,16 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
         # partition() (a multi-method lowering) are checked at once, by the whole program.
         self.last_result = self.fold(exported_program, self.verification)
         self._last_source = weakref.ref(exported_program)
-        return _for_lowering(exported_program, self.last_result.program)
+        with settings.using(self.fold.settings()):
+            return for_lowering(exported_program, self.last_result.program)
 
     def partition(self, exported_program: ExportedProgram):
         result = super().partition(exported_program)
-        _fix_passthrough(result)
-        if self.checks_dim_orders:
-            self.dim_order_conflicts = _check_dim_orders(result)
-        self.verification.partitioned(result.tagged_exported_program, self.last_result)
+        with settings.using(self.fold.settings()):
+            _fix_passthrough(result)
+            if self.checks_dim_orders:
+                self.dim_order_conflicts = warn_of_conflicts(result)
+            self.verification.partitioned(result.tagged_exported_program, self.last_result)
         return result
 
     def result_for(self, exported_program: ExportedProgram) -> Optional[pipeline.FoldResult]:

@@ -28,7 +28,7 @@ import torch
 import torch.fx
 from executorch.exir.dialects._ops import ops as exir_ops
 
-from .node_meta import tensor_val
+from .graph.node_meta import tensor_val
 
 logger = logging.getLogger("xnnfold")
 

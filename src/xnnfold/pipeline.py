@@ -1,149 +1,66 @@
-"""The whole pass: mask indexing -> KV caches -> attention rewritten -> canonical GEMMs ->
-projections -> analysis -> plan and rules -> fold -> probe, repeated until the probe agrees ->
-runtime weights.
+"""The whole pass: a list of steps (:data:`STEPS`), each one module exposing one object
+(:mod:`xnnfold.steps.protocol`), run in order on the pass's own copy of the program.
+
+mask indexing -> KV caches -> attention -> canonical GEMMs -> fold (packed projections split,
+analysis, plan, rules, probe, the split undone where it did not pay) -> run-time weights.
+
+Adding a step is a module and an entry in :data:`STEPS`. After each step the program passes
+torch's checker (:class:`~xnnfold.graph.validity.StepChecks`); the records are kept by step name. The
+program returned is the caller's own unless some record rewrote; a fold that would store more
+bytes than the input is never returned (:func:`check_no_growth`).
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
 reason and returns the input program untouched, which lowers exactly as stock lowers it (in
-strict mode, ``XNNFOLD_STRICT=1``, a test setting, it raises ``StrictFallback`` instead: every
-give-up of the pass goes through :func:`xnnfold.errors.warn_or_raise`).
+strict mode, ``xnnfold.config``'s ``strict``, a test setting, it raises ``StrictFallback``
+instead: every give-up of the pass goes through :func:`xnnfold.errors.warn_or_raise`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Optional, Sequence
 
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from . import rules
-from .steps.fold import plan
-from .analysis import ProgramFacts, find_operands, find_static
-from .steps.attention import rewrite_attention
-from .steps.kv_cache import rewrite_kv_caches
-from .steps.canonical import canonicalize
-from .steps.mask_index import rewrite_mask_indexing
-from .steps.gelu_tanh import rewrite_tanh_gelus
-from .steps.runtime_weight import mark_runtime_weights
-from .errors import FoldError, StrictFallback, warn_or_raise
-from .steps.fold.evaluate import ConeEvaluator
-from .steps.fold import apply_folds
-from .program_copy import copy_program, copy_with_nodes
-from .steps.projections import find_packed_projections, split_packed_projections
-from .validity import StepChecks
-from .probe.verified import Verification
-# FoldResult and GemmOperand are part of this module's interface (pipeline.FoldResult)
-from .result import FoldResult, GemmOperand, describe, row_of  # noqa: F401
+from .analysis import find_operands
 from .decision import Decline, Found, Rule
-from .rules import DEFAULT_RULES, RuleSet
+from .errors import FoldError, StrictFallback, warn_or_raise
+from .graph.program_copy import copy_program
+from .result import FoldResult
+from .steps import attention, canonical, fold, gelu_tanh, kv_cache, mask_index, runtime_weight
+from .steps.fold.probe.verified import Verification
+from .steps.fold.rows import row_of
+from .steps.fold.rules import DEFAULT_RULES, RuleSet
+from .steps.protocol import Context, Probe
+from .graph.validity import StepChecks
 
 logger = logging.getLogger("xnnfold")
 
-# A probe answers: which of these folded constants (fold.FoldedConstant) of this program end up
-# in a delegate? (state_dict / constants keys; see xnnfold.probe.verified)
-Probe = Callable[[ExportedProgram, list], set]
+# The steps, in the order a program takes them.
+STEPS = (mask_index.STEP, kv_cache.STEP, attention.STEP, gelu_tanh.STEP, canonical.STEP,
+         fold.STEP, runtime_weight.STEP)
+# The steps that rewrite attention (``attention=False`` leaves it as stock decomposes it).
+ATTENTION_STEPS = (kv_cache.STEP.name, attention.STEP.name)
 
 
-def _split_and_fold(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet,
-                    attention: bool = True, llm_kernels: bool = False) -> FoldResult:
-    """Index by masks rather than their ``where``, rewrite attention over KV caches (on
-    executorch's LLM kernels with ``llm_kernels``) and other attention (unless ``attention`` is
-    False), canonicalize GEMMs, split packed projections, then fold; undo each split whose
-    parts were not all folded and delegated (rule *split*).
-
-    ``ep`` is only read: the pass copies it once (graph and signature; tensors are shared) and
-    rewrites that copy. Each site thus ends either fully split, folded and delegated, or exactly
-    as it was.
-    """
+def run_steps(ep: ExportedProgram, context: Context, steps: Sequence) -> FoldResult:
+    """Run ``steps`` on a copy of ``ep`` (graph and signature; tensors are shared); ``ep`` is
+    only read."""
     check = StepChecks(ep)    # each step's program passes torch's checker, or the pass falls back
-    base = copy_program(ep)
-    indexed = rewrite_mask_indexing(base)
-    check(base, "mask_index")
-    gelus = rewrite_tanh_gelus(base)
-    check(base, "gelu_tanh")
-    cached = rewrite_kv_caches(base, llm_kernels) if attention else []
-    check(base, "kv_cache")
-    attended = rewrite_attention(base) if attention else []
-    check(base, "attention")
-    facts = find_static(base)
-    rewrites = canonicalize(base, facts.static)
-    if rewrites:
-        check(base, "canonical")
-        facts = find_static(base)     # the rewritten graph
-    sites, kept = find_packed_projections(facts), []
-    while True:
-        program_facts = facts
-        if sites:   # a split round: a copy of the rewritten program, split and analysed
-            program, nodes = copy_with_nodes(base)
-            split_packed_projections(program, sites, nodes)
-            check(program, "projections")
-            program_facts = find_static(program)
-        result = _fold_and_probe(program_facts, probe, rule_set)
-        check(result.program, "fold")
-        rows = {(row.gemm, row.role): row for row in result.operands}
-        newly_kept = []
-        for site in sites:
-            site.kept_because = rules.split_kept(site, rows)
-            if site.kept_because is not None:
-                newly_kept.append(site)
-        if not newly_kept:
-            break
-        kept += newly_kept
-        sites = [s for s in sites if s not in newly_kept]
-    for site in kept:
-        site.part_linears = {}
-    result.projections = sites + kept
-    result.canonical = rewrites
-    result.attention = attended
-    result.mask_index = indexed
-    result.kv_cache = cached
-    result.gelu_tanh = gelus
-    mark_runtime_weights(result, rule_set.prefer)
-    check(result.program, "runtime_weight")
-    if result.program is base and not rewrites and not indexed and \
-            not any(a.rewritten for a in attended) and not any(c.rewritten for c in cached) and \
-            not any(g.rewritten for g in gelus) and \
-            not any(row.runtime_weight for row in result.operands):
-        result.program = ep    # nothing changed: the caller's own program
-    return result
-
-
-def _fold_and_probe(facts: ProgramFacts, probe: Optional[Probe], rule_set: RuleSet
-                    ) -> FoldResult:
-    """Plan and fold ``facts.ep``; ask the probe which GEMMs XNNPACK takes, and fold again
-    without the groups it takes none of, until the probe agrees. Each round folds into a fresh
-    copy of ``facts.ep``; values are evaluated once, for all rounds."""
-    program = facts.ep
-    operands = find_operands(program, facts)
-    targets = [op.target for op in operands if op.status == Found.TARGET]
-    groups = plan.group_fold_nodes(plan.fold_nodes(targets))
-    rules.apply(groups, facts, rule_set.before_probe)
-    evaluator = ConeEvaluator(facts)
-
-    folded, rounds = None, 0
-    # Each round that changes anything declines at least one more group: this terminates.
-    for _ in range(len(groups) + 1):
-        members = [m for g in groups for m in g.to_fold]
-        if not members:
-            folded = None
-            break
-        folded = apply_folds(program, evaluator, members)
-        if probe is None:
-            break
-        rounds += 1
-        constants = {c.source: c.name for c in folded.constants}
-        taken = probe(folded.program, folded.constants)
-        for member in members:
-            member.delegated = constants[member.name] in taken
-        if not rules.apply(groups, facts, rule_set.after_probe):
-            break
-
-    constants = {c.source: c.name for c in folded.constants} if folded else {}
-    result = FoldResult(folded.program if folded else program,
-                        describe(operands, groups, constants), probe_rounds=rounds)
-    if folded:
-        result.constants, result.freed_params = folded.constants, folded.freed_params
+    context.check = check
+    program = copy_program(ep)
+    for step in steps:
+        outcome = step.run(program, context)
+        if outcome.program is not None:
+            program = outcome.program
+        check(program, step.name)
+        context.records[step.name] = list(outcome.records)
+    result = FoldResult(program, context.operands, context.records, context.constants,
+                        context.freed_params, context.probe_rounds)
+    if not result.modified:
+        result.program = ep       # nothing rewritten: the caller's own program
     return result
 
 
@@ -169,21 +86,22 @@ def check_no_growth(ep: ExportedProgram, result: FoldResult) -> None:
                                      f"params and constants, more than the input's {before:,}")
 
 
-def run(ep: ExportedProgram, probe: Optional[Probe],
-        rule_set: RuleSet = DEFAULT_RULES, attention: bool = True,
-        verification: Optional[Verification] = None, llm_kernels: bool = False) -> FoldResult:
-    """Fold what the rules allow; on any internal failure, warn once and return ``ep``.
-    ``attention``: run the KV-cache and attention steps (:mod:`xnnfold.steps.kv_cache`,
-    :mod:`xnnfold.steps.attention`); ``llm_kernels``: the KV-cache step may use executorch's
-    LLM kernels. ``verification``: the one the probe reports its answers to, told where the
-    fold ends (its last answer is checked then, or left for a lowering's ``partition()``: a
-    disagreement is a failure of the fold)."""
+def run(ep: ExportedProgram, probe: Optional[Probe], rule_set: RuleSet = DEFAULT_RULES,
+        attention: bool = True, verification: Optional[Verification] = None,
+        llm_kernels: bool = False, steps: Optional[Sequence] = None) -> FoldResult:
+    """Run the pass; on any internal failure, warn once and return ``ep``. ``steps``: the
+    steps to run (default :data:`STEPS`); ``attention=False`` leaves out the KV-cache and
+    attention steps; ``llm_kernels``: the KV-cache step may use executorch's LLM kernels.
+    ``verification``: the one the probe reports its answers to, told where the fold ends (its
+    last answer is checked then, or left for a lowering's ``partition()``: a disagreement is a
+    failure of the fold)."""
+    steps = [s for s in (STEPS if steps is None else steps)
+             if attention or s.name not in ATTENTION_STEPS]
     try:
-        result = _split_and_fold(ep, probe, rule_set, attention, llm_kernels)
+        result = run_steps(ep, Context(rule_set, probe, llm_kernels), steps)
         check_no_growth(ep, result)
         if verification is not None:
             verification.fold_done(result.program)
-        result.modified = result.program is not ep
         return result
     except StrictFallback:
         raise     # a step's own give-up, in strict mode: its message names the node
@@ -204,4 +122,3 @@ def _unfolded_rows(ep: ExportedProgram, where: str, why: str) -> list:
         return []
     return [row_of(o) if o.status == Found.PLAIN else
             row_of(o, Decline(Rule.INTERNAL, where, why)) for o in operands]
-

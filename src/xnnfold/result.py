@@ -1,5 +1,5 @@
-"""What the pass returns: the program to lower and one row per GEMM weight and bias saying
-what was done with it and why (:class:`FoldResult`, :class:`GemmOperand`)."""
+"""What the pass returns: the program to lower, one row per GEMM weight and bias saying what was
+done with it and why (:class:`GemmOperand`), and each step's records (:class:`FoldResult`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from typing import Optional
 
 from torch.export import ExportedProgram
 
-from . import rules
-from .analysis.gemms import source_module
-from .decision import Decline, Found, Rule, Status
+from .decision import Rule, Status
 
 
 @dataclass
@@ -37,21 +35,27 @@ class GemmOperand:
 
 @dataclass
 class FoldResult:
-    """What ``fold_gemm_params`` returns: the program to lower and the record of the fold."""
+    """What ``fold_gemm_params`` returns: the program to lower and the record of the fold.
+
+    ``records``: each step's records, by step name, in the order the steps ran (a step that
+    did not run has none); ``modified`` is derived from them: a record that rewrote."""
 
     program: ExportedProgram
     operands: list = field(default_factory=list)      # GemmOperand, in graph order
+    records: dict = field(default_factory=dict)       # step name -> its records
     constants: list = field(default_factory=list)     # FoldedConstant
     freed_params: list = field(default_factory=list)
-    projections: list = field(default_factory=list)  # PackedProjection, split or kept
-    canonical: list = field(default_factory=list)    # CanonicalRewrite
-    attention: list = field(default_factory=list)    # AttentionRewrite, rewritten or kept
-    mask_index: list = field(default_factory=list)   # MaskIndexRewrite
-    kv_cache: list = field(default_factory=list)     # KVCacheRewrite, rewritten or kept
-    gelu_tanh: list = field(default_factory=list)    # TanhGeluRewrite, rewritten or kept
     probe_rounds: int = 0
     fallback: Optional[str] = None    # set when an internal failure sent us back to stock
-    modified: bool = False            # False when ``program`` is the input, untouched
+
+    def of(self, step: str) -> list:
+        """The records of the step named ``step`` (none if it did not run)."""
+        return list(self.records.get(step, ()))
+
+    @property
+    def modified(self) -> bool:
+        """Whether ``program`` is a rewrite (else it is the input, untouched)."""
+        return any(r.rewritten for records in self.records.values() for r in records)
 
     @property
     def folded(self) -> list:
@@ -60,39 +64,3 @@ class FoldResult:
     @property
     def declined(self) -> list:
         return [o for o in self.operands if o.status == Status.DECLINED]
-
-    @property
-    def split_projections(self) -> list:
-        """The packed projections that were split (the others say why they were kept)."""
-        return [p for p in self.projections if p.kept_because is None]
-
-
-def row_of(op, decline: Optional[Decline] = None, member=None,
-         constant: Optional[str] = None) -> GemmOperand:
-    """The one place an analysis :class:`~xnnfold.analysis.Operand` becomes a row."""
-    row = GemmOperand(op.gemm.name, op.kind, op.role, Status.PLAIN, reason=op.reason,
-                      module=source_module(op.gemm))
-    if decline is not None:
-        row.status, row.rule = Status.DECLINED, decline.rule
-        row.node, row.reason = decline.node, decline.reason
-    elif member is not None:
-        row.status, row.constant, row.delegated = Status.FOLDED, constant, member.delegated
-        if member.delegated is False:
-            row.reason = (f"XNNPACK does not take {op.gemm.name}; its part is folded with the "
-                          "rest of its group, which frees the packed param, and read on "
-                          "portable")
-    return row
-
-
-def describe(operands: list, groups: list, constants: dict) -> list:
-    members = {t.key: m for g in groups for m in g.members for t in m.targets}
-    rows = []
-    for op in operands:
-        if op.status == Found.DYNAMIC:
-            rows.append(row_of(op, rules.static(op.culprit, op.reason)))
-        elif op.status == Found.TARGET:
-            member = members[op.target.key]
-            rows.append(row_of(op, member.decline, member, constants.get(member.name)))
-        else:
-            rows.append(row_of(op))
-    return rows

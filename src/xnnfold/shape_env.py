@@ -15,6 +15,7 @@ others are left as they are.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
@@ -29,8 +30,11 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 from torch._dynamo.source import ConstantSource
 
-from .errors import FoldError
-from .node_meta import tensor_val
+from .errors import FoldError, warn_or_raise
+from .graph.node_meta import tensor_val
+from .graph.program_copy import copy_program
+
+logger = logging.getLogger("xnnfold")
 
 
 def shape_env_of(program: ExportedProgram) -> Optional[ShapeEnv]:
@@ -117,3 +121,28 @@ def give_own_shape_env(program: ExportedProgram) -> None:
     program._range_constraints = {renamed[symbol]: bounds
                                   for symbol, bounds in program.range_constraints.items()
                                   if symbol in renamed}
+
+
+def for_lowering(ep: ExportedProgram, program: ExportedProgram) -> ExportedProgram:
+    """What the hook hands the lowering for ``program`` (the fold's result for ``ep``): a copy,
+    because the lowering deletes the constants it moves into delegates from the constants dict
+    of the program it is given (``run_decompositions`` shares that dict), and with a ShapeEnv
+    of its own when ``program`` has data-dependent sizes or shares a ShapeEnv that made some:
+    the lowering leaves unbound symbols in its ShapeEnv (see :mod:`xnnfold.shape_env`), which
+    would make the next lowering of ``ep`` raise, and an earlier lowering of ``ep`` may have
+    left some that would make this one raise. ``program`` itself stays the valid program the
+    fold returned (the isolated copy does not round-trip through ``torch.export.save``: its
+    nodes name symbols its ShapeEnv never had). ``ep`` itself when nothing needs doing."""
+    isolate = needs_own_shape_env(program)
+    if program is ep and not isolate:
+        return ep                     # stock's lowering of the caller's program, exactly
+    lowered = copy_program(program)
+    if isolate:
+        try:
+            give_own_shape_env(lowered)
+        except Exception as error:  # noqa: BLE001 - lowering still works, as stock's does
+            warn_or_raise(logger, "xnnfold: could not give the program its own ShapeEnv "
+                          "(%s: %s); lowering it leaves unbound symbols in the caller's "
+                          "program, as a stock lowering does", type(error).__name__, error)
+            return copy_program(program)
+    return lowered

@@ -7,6 +7,7 @@ never imports it (its own failures are :mod:`xnnfold.errors`')."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 
@@ -37,15 +38,27 @@ class ParserError(Exception):
     """What the parser found wrong, in one line (``xnnfold: error: ...``)."""
 
 
+# A value that starts with "-" and is not an option: a number, or a comma-separated list of
+# numbers (``--tokens -5,2``). argparse's own pattern takes a single number only, so a list
+# that starts with a negative one was read as an unknown option ("expected one argument")
+# instead of reaching the check that says what is wrong with it.
+_NUMBER = r"(?:\d+|\d*\.\d+)"
+NEGATIVE_VALUE = re.compile(rf"^-{_NUMBER}(?:,\s*(?:-?{_NUMBER})?)*$")
+
+
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line, ``xnnfold: error: [command: ]message
-    (see ... --help)``, exit code 2 (argparse prints its usage first)."""
+    (see ... --help)``, exit code 2 (argparse prints its usage first); a negative number or a
+    comma-separated list of numbers is a value (:data:`NEGATIVE_VALUE`), never an option."""
 
     raises = False            # CommandParser: raise ParserError, for the caller to print
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        # argparse's attribute, read when an argument starts with "-" (the subcommands'
+        # parsers are of this class too)
+        self._negative_number_matcher = NEGATIVE_VALUE
 
     def error(self, message):
         command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""

@@ -9,9 +9,9 @@ from torch import nn
 from xnnfold import pipeline
 from xnnfold.explain import Explanation, format_explanation
 from xnnfold.steps import attention
-from xnnfold.program_copy import copy_program
+from xnnfold.graph.program_copy import copy_program
 
-from conftest import Sdpa
+from conftest import Sdpa, set_strict
 
 B, H, L, S, D = 2, 2, 5, 7, 8
 BATCH, LENGTH, SOURCE = (torch.export.Dim(name, min=2, max=64) for name in ("b", "l", "s"))
@@ -158,12 +158,12 @@ def test_pipeline_runs_the_step_explain_names_it_and_the_flag_turns_it_off():
     ep = torch.export.export(Sdpa(is_causal=True).eval(), inputs)
     result = pipeline.run(ep, None)
     assert result.program is not ep and sdpa_nodes(result.program) == []
-    assert [a.proven for a in result.attention] == [attention.CAUSAL]
+    assert [a.proven for a in result.of("attention")] == [attention.CAUSAL]
     text = format_explanation(Explanation.of(result))
     assert "attention step: attention scaled_dot_product_attention rewritten into ops " \
            "XNNPACK takes (causal, no empty row)" in text
     off = pipeline.run(ep, None, attention=False)
-    assert off.program is ep and off.attention == [] and len(sdpa_nodes(off.program)) == 1
+    assert off.program is ep and off.of("attention") == [] and len(sdpa_nodes(off.program)) == 1
 
 
 class EagerAttention(nn.Module):
@@ -199,7 +199,7 @@ def test_broadcast_matmul_is_left_as_it_was():
 
 def test_a_rewrite_that_fails_half_way_leaves_the_node_as_it_was(monkeypatch, caplog):
     # users' mode (strict mode raises instead: tests/unit/test_give_up_paths.py)
-    monkeypatch.delenv("XNNFOLD_STRICT", raising=False)
+    set_strict(monkeypatch, False)
     build = attention.sdpa._causal_mask
 
     def fails_after_emitting(emit, *args):
@@ -247,3 +247,56 @@ def test_without_merging_each_attention_prepares_the_mask_again(monkeypatch):
     q, k, v = qkv()
     _, copy, _ = rewritten(TwoLayers(), (q, k, v, bool_mask_with_empty_row()))
     assert [n.target for n in copy.graph.nodes].count(torch.ops.aten.where.self) == 2
+
+
+class _PackedKeysValues(nn.Module):
+    """Cross-attention over keys and values given packed ``[2 * H, S, D]`` (an encoder's
+    output): each sliced ``[H, S, D]`` and unsqueezed to ``[1, H, S, D]`` for SDPA, as
+    xnnfold.export.seq2seq's decoder reads them; ``transposed`` hands the values in as
+    ``[H, D, S]`` transposed instead (the same shape, another element order)."""
+
+    def __init__(self, transposed=False):
+        super().__init__()
+        self.transposed = transposed
+
+    def forward(self, q, packed):
+        k = packed[:H].unsqueeze(0)
+        v = packed[H:].transpose(1, 2).unsqueeze(0) if self.transposed else \
+            packed[H:].unsqueeze(0)
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def _reshapes_of(program, source_name):
+    return [n for n in program.graph.nodes if n.target in (torch.ops.aten.reshape.default,
+                                                            torch.ops.aten.view.default)
+            and source_name in {a.name for a in n.all_input_nodes}]
+
+
+def test_keys_reshaped_back_to_their_source_shape_are_read_as_they_came():
+    # Inside an XNNPACK delegate a reshape is a copy: reading [1, H, S, D] back as [H, S, D]
+    # would copy the precomputed keys and values at every decoder step.
+    gen = torch.Generator().manual_seed(3)
+    q, packed = torch.randn(1, H, 1, D, generator=gen), torch.randn(2 * H, S, D, generator=gen)
+    module = _PackedKeysValues()
+    ep, copy, records = rewritten(module, (q, packed))
+    assert [r.rewritten for r in records] == [True]
+    # the slices feed the products directly; their unsqueezes are left unread
+    slices = [n for n in copy.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert len(slices) == 2 and all(_reshapes_of(copy, n.name) == [] for n in slices)
+    assert all(not n.users for n in copy.graph.nodes
+               if n.target is torch.ops.aten.unsqueeze.default)
+    torch.testing.assert_close(copy.module()(q, packed), module(q, packed), atol=1e-6,
+                               rtol=1e-5)
+
+
+def test_a_transpose_of_the_same_shape_is_not_taken_for_its_source():
+    # [H, D, S] transposed is [H, S, D], the shape the rewrite wants, but not its element
+    # order: reading the transpose's input in its place would attend over the wrong values.
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, H, 1, D, generator=gen)
+    packed = torch.randn(2 * H, D, D, generator=gen)      # S == D: the transpose keeps shape
+    module = _PackedKeysValues(transposed=True)
+    _, copy, records = rewritten(module, (q, packed))
+    assert [r.rewritten for r in records] == [True]
+    torch.testing.assert_close(copy.module()(q, packed), module(q, packed), atol=1e-6,
+                               rtol=1e-5)

@@ -57,6 +57,13 @@ def folder(tmp_path_factory):
     (folder / "gpt").mkdir()
     (folder / "gpt" / "config.json").write_text(json.dumps(
         {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_positions": 64}))
+    (folder / "vit").mkdir()
+    (folder / "vit" / "config.json").write_text(json.dumps(
+        {"model_type": "vit", "architectures": ["ViTForImageClassification"],
+         "image_size": 16, "num_channels": 3}))
+    (folder / "mamba").mkdir()
+    (folder / "mamba" / "config.json").write_text(json.dumps(
+        {"model_type": "mamba", "architectures": ["MambaForCausalLM"], "state_size": 16}))
     (folder / "empty").mkdir()
     (folder / "notes.txt").write_text("x")
     (folder / "existing").mkdir()
@@ -71,6 +78,12 @@ BAD = [  # argv, what the one line says
     (["lower", "mymodel:build", "-o", UNWRITABLE], "cannot be written"),
     (["lower", "nope.pt2", "-o", "x.pte"], "nope.pt2: no such file"),
     (["lower", "mymodel", "-o", "x.pte"], "no such file, nor package.module:function"),
+    # a factory's module looked up before any import (it was found missing after torch's)
+    (["lower", "nomodule:build", "-o", "x.pte"],
+     "nomodule:build: no module nomodule in "),
+    (["lower", "mymodel.sub:build", "-o", "x.pte"],
+     "mymodel.sub:build: mymodel is a module, not a package"),
+    (["report", "mymodel:build", "nomodule.sub:build"], "no module nomodule in "),
     (["lower", "notes.txt", "-o", "x.pte"], "not a .pt2 file"),
     (["lower", "mymodel:build", "-o", "x.pte", "--quantize", "int4"],
      "lower: argument --quantize: invalid choice: 'int4'"),
@@ -90,26 +103,47 @@ BAD = [  # argv, what the one line says
     (["hf", "missing", "-o", "g.pte"], "missing: no such folder"),
     (["hf", "gpt", "-o", "existing"], "existing: is a folder"),
     (["hf", "gpt", "-o", "g.pte", "--reps", "0"], "--reps 0: must be at least 1"),
+    # a state between tokens other than a KV cache: refused from config.json, not after
+    # loading transformers and the weights
+    (["hf", "mamba", "-o", "m.pte"], "mamba: MambaForCausalLM (model type 'mamba') keeps a "
+     "recurrent state between tokens: a generation .pte holds a KV cache of attention only"),
+    # options of a KV cache where there is none: refused, not ignored
+    (["hf", "vit", "-o", "v.pte", "--max-cache", "5"], "--max-cache: options of a KV cache; "
+     "ViTForImageClassification has none (a causal LM's generation .pte has one)"),
+    (["hf", "gpt", "-o", "g.pte", "--no-cache", "--max-prefill", "4", "--llm-kernels"],
+     "--max-prefill and --llm-kernels: options of a KV cache; --no-cache exports without "
+     "one"),
     (["bench", "nope"], "bench: argument NAME: invalid choice: 'nope'"),
+    # a list that starts with a negative number is a value, not an unknown option
+    (["generate", "x.pte", "--tokens", "-5,2"],
+     "--tokens '-5,2': token ids are 0 or more, not -5"),
     ([], "the following arguments are required: COMMAND"),
 ]
 
 
 def test_bad_input_is_one_line_and_exit_2_before_torch(folder):
-    if os.access("/sys", os.W_OK) and Path("/sys").is_dir():
-        try:
-            open(UNWRITABLE, "ab").close()
-            os.unlink(UNWRITABLE)
-            pytest.skip("/sys takes files here")
-        except OSError:
-            pass
     results = _main_each([argv for argv, _ in BAD], folder)
     for (argv, says), (code, err) in zip(BAD, results):
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1, (argv, code, err)
         assert lines[0].startswith("xnnfold: error: ") and says in lines[0], (argv, lines)
     assert sorted(p.name for p in folder.iterdir()) == [
-        "empty", "existing", "gpt", "mymodel.py", "notes.txt"]      # nothing left behind
+        "empty", "existing", "gpt", "mamba", "mymodel.py", "notes.txt",
+        "vit"]                                                       # nothing left behind
+
+
+def test_a_factory_module_is_found_without_running_its_code(tmp_path):
+    from xnnfold.models.sources import missing_module
+
+    (tmp_path / "pkgx").mkdir()
+    (tmp_path / "pkgx" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (tmp_path / "pkgx" / "sub.py").write_text("raise SystemExit('imported')\n")
+    assert missing_module("pkgx.sub:build", str(tmp_path)) is None   # nothing imported
+    (tmp_path / "pkgy").mkdir()
+    (tmp_path / "pkgy" / "__init__.py").write_text("")
+    assert missing_module("pkgy.nope:build", str(tmp_path)) == "no module pkgy.nope in " \
+        "package pkgy"
+    assert missing_module("os.path:join", str(tmp_path)) is None      # set up by os itself
 
 
 def test_the_check_runs_where_torch_does_not_import(folder):
@@ -120,21 +154,23 @@ def test_the_check_runs_where_torch_does_not_import(folder):
 
 
 def test_help_and_version_without_torch(folder):
-    commands = ["report", "lower", "explain", "hf", "bench"]
-    results = _main_each([["--help"], ["--version"]] + [[c, "--help"] for c in commands],
-                         folder)
-    assert all(code == 0 for code, _ in results), results
+    commands = ["report", "lower", "explain", "hf", "generate", "bench"]
+    # --version after a subcommand too, its required arguments missing
+    results = _main_each([["--help"], ["--version"]] + [[c, "--help"] for c in commands] +
+                         [[c, "--version"] for c in commands], folder)
+    assert all(code == 0 and not err for code, err in results), results
     code = ("import io, contextlib\nfrom xnnfold.cli import main\n"
             "for argv in (['--version'], ['report', '--help'], ['lower', '--help'], "
-            "['bench', '--help']):\n"
+            "['bench', '--help'], ['hf', '--version']):\n"
             "    out = io.StringIO()\n"
             "    with contextlib.redirect_stdout(out):\n"
             "        try:\n            main(argv)\n        except SystemExit:\n            pass\n"
             "    print(out.getvalue(), '=====')\n")
     done = _without_torch(code, folder)
     assert done.returncode == 0, done.stderr[-2000:]
-    version, report, lower, bench, _ = done.stdout.split("=====")
+    version, report, lower, bench, hf_version, _ = done.stdout.split("=====")
     assert version.strip().startswith("xnnfold 0.1.0 (torch ")
+    assert hf_version.strip() == version.strip()
     assert "(default: 20)" in report and "(default: out/report)" in report, report
     assert "(default: speed)" in lower and "--check" in lower, lower
     # the bench's help says what each script measures, from the package itself

@@ -12,9 +12,9 @@ from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.tensor import dim_order_from_stride
 
 from conftest import set_strict
-from xnnfold import dim_order, partitioner
+from xnnfold import dim_order
 from xnnfold.errors import StrictFallback
-from xnnfold.program_copy import copy_program
+from xnnfold.graph.program_copy import copy_program
 from xnnfold.steps.mask_index import rewrite_mask_indexing
 
 exir_where = exir_ops.edge.aten.where.self
@@ -116,7 +116,7 @@ def _result(graph):
 @pytest.mark.parametrize("strict", [False, True], ids=["users", "strict"])
 def test_partitioner_warns_naming_each_node(monkeypatch, caplog, strict):
     set_strict(monkeypatch, strict)
-    found = partitioner._check_dim_orders(_result(full_rows_graph()))
+    found = dim_order.warn_of_conflicts(_result(full_rows_graph()))
     assert [c.node for c in found] == ["aten_nonzero_default", "aten_slice_copy_tensor",
                                        "aten_slice_copy_tensor_1"]
     (message,) = [r.getMessage() for r in caplog.records if r.name == "xnnfold"]
@@ -131,11 +131,11 @@ def test_a_failing_check_is_a_give_up(monkeypatch, caplog, strict):
     def broken(graph, delegated):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(partitioner, "dim_order_conflicts", broken)
+    monkeypatch.setattr(dim_order, "dim_order_conflicts", broken)
     graph = torch.fx.Graph()
     if strict:
         with pytest.raises(StrictFallback, match="could not check the dim orders.*boom"):
-            partitioner._check_dim_orders(_result(graph))
+            dim_order.warn_of_conflicts(_result(graph))
         return
-    assert partitioner._check_dim_orders(_result(graph)) == []
+    assert dim_order.warn_of_conflicts(_result(graph)) == []
     assert any("could not check the dim orders" in r.getMessage() for r in caplog.records)

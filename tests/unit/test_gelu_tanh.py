@@ -2,13 +2,19 @@
 written out as mul/add/tanh in torch's own order (the rewritten program, run as a module,
 equals eager to fp32 rounding), and left alone where XNNPACK would not take the GELU."""
 
+import pytest
 import torch
 from torch import nn
 
-from xnnfold.program_copy import copy_program
+import xnnfold
+from xnnfold import pipeline
+from xnnfold.errors import StrictFallback
+from xnnfold.explain import Explanation
+from xnnfold.graph.program_copy import copy_program
+from xnnfold.steps import gelu_tanh
 from xnnfold.steps.gelu_tanh import rewrite_tanh_gelus
 
-from conftest import round_trip
+from conftest import round_trip, set_strict
 
 GELU = torch.ops.aten.gelu.default
 
@@ -75,3 +81,53 @@ def test_quantized_gelu_left_to_the_quantized_pattern():
     _, program, records = rewritten(QuantizedGelu(), torch.randn(8))
     assert [r.rewritten for r in records] == [False], records
     assert "dequantize" in records[0].reason and len(gelus(program)) == 1
+
+
+def test_the_step_runs_after_attention_and_explain_names_it():
+    names = [step.name for step in pipeline.STEPS]
+    assert names.index("attention") < names.index("gelu_tanh") < names.index("canonical")
+    x = torch.randn(8)
+    ep = torch.export.export(Gelu(), (x,))
+    result = pipeline.run(ep, probe=None)
+    assert result.fallback is None and result.modified and result.program is not ep
+    assert [r.rewritten for r in result.of("gelu_tanh")] == [True]
+    text = xnnfold.format_explanation(Explanation.of(result))
+    assert "gelu_tanh step: gelu (gelu, approximate='tanh') written out" in text, text
+
+
+class TwoGelus(nn.Module):
+    def forward(self, x):
+        return nn.functional.gelu(nn.functional.gelu(x, approximate="tanh") * 3.0,
+                                  approximate="tanh")
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_failure_on_one_gelu_keeps_only_it(monkeypatch, strict):
+    """A write-out that fails half-way on the first GELU: its nodes are erased and that GELU
+    alone stays as stock has it (strict mode: it raises, naming it)."""
+    set_strict(monkeypatch, strict)
+    real, calls = gelu_tanh._write_out, []
+
+    def fails_first(emit, x):
+        calls.append(x)
+        if len(calls) == 1:
+            emit(torch.ops.aten.mul.Tensor, x, x)      # created, then given up
+            raise RuntimeError("boom")
+        return real(emit, x)
+
+    monkeypatch.setattr(gelu_tanh, "_write_out", fails_first)
+    x = torch.randn(16)
+    ep = torch.export.export(TwoGelus(), (x,))
+    program = copy_program(ep)
+    if strict:
+        with pytest.raises(StrictFallback, match="gelu 'gelu' internal failure.*boom"):
+            rewrite_tanh_gelus(program)
+        return
+    records = rewrite_tanh_gelus(program)
+    assert [r.rewritten for r in records] == [False, True], records
+    assert "internal failure" in records[0].describe() and "boom" in records[0].reason
+    assert [n.name for n in gelus(program)] == ["gelu"]
+    assert not [n for n in program.graph.nodes if n.name.startswith("gelu_mul") and
+                not n.users], "the failed write-out's nodes erased"
+    expected = TwoGelus()(x)
+    assert (program.module()(x) - expected).abs().max() <= 1e-6

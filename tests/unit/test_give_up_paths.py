@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import set_strict
-from xnnfold import partitioner
+from xnnfold import partitioner, shape_env
 from xnnfold.errors import StrictFallback
 
 TAG = "delegation_tag"
@@ -61,14 +61,14 @@ def test_copy_check_failure_raises_in_strict_mode(monkeypatch, broken_untag):
 @pytest.mark.parametrize("strict", [False, True], ids=["users", "strict"])
 def test_own_shape_env_failure(monkeypatch, caplog, strict):
     set_strict(monkeypatch, strict)
-    monkeypatch.setattr(partitioner, "needs_own_shape_env", lambda program: True)
-    monkeypatch.setattr(partitioner, "give_own_shape_env", _broken)
+    monkeypatch.setattr(shape_env, "needs_own_shape_env", lambda program: True)
+    monkeypatch.setattr(shape_env, "give_own_shape_env", _broken)
     ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
     if strict:
         with pytest.raises(StrictFallback, match="own ShapeEnv.*boom"):
-            partitioner._for_lowering(ep, ep)
+            shape_env.for_lowering(ep, ep)
     else:
-        lowered = partitioner._for_lowering(ep, ep)
+        lowered = shape_env.for_lowering(ep, ep)
         assert "own ShapeEnv" in caplog.text
         # a copy of the program, as it was: the lowering would delete ep's delegated constants
         assert lowered is not ep and str(lowered.graph) == str(ep.graph)
@@ -102,7 +102,7 @@ def two_attentions():
 @pytest.mark.parametrize("where", ["why_kept", "rewrite_one"])
 def test_attention_failure_keeps_that_node_only(monkeypatch, caplog, strict, where):
     from xnnfold.steps import attention
-    from xnnfold.program_copy import copy_program
+    from xnnfold.graph.program_copy import copy_program
 
     set_strict(monkeypatch, strict)
     original = getattr(attention.sdpa, where)
@@ -137,9 +137,10 @@ def test_attention_failure_keeps_that_node_only(monkeypatch, caplog, strict, whe
 @MODES
 def test_pipeline_failure_falls_back_to_stock(monkeypatch, caplog, strict):
     from xnnfold import pipeline
+    from xnnfold.steps import canonical
 
     set_strict(monkeypatch, strict)
-    monkeypatch.setattr(pipeline, "canonicalize", _broken)
+    monkeypatch.setattr(canonical, "canonicalize", _broken)
     ep, _ = two_attentions()
     if strict:
         with pytest.raises(StrictFallback, match="folding skipped at node '<program>': "
@@ -152,7 +153,7 @@ def test_pipeline_failure_falls_back_to_stock(monkeypatch, caplog, strict):
 
 
 def _probe_with(fast_failure: Exception, verify: bool = False):
-    from xnnfold.probe.verified import VerifiedProbe
+    from xnnfold.steps.fold.probe.verified import VerifiedProbe
 
     probe = VerifiedProbe(partitioner=None, verify=verify)
 
@@ -187,7 +188,7 @@ def test_fast_probe_failure_under_verification_is_the_folds_failure(monkeypatch)
 def test_fast_probe_known_limit_is_no_give_up(monkeypatch, caplog, strict):
     # An unbacked dim the fast probe cannot model: the whole-program probe, its reference,
     # answers exactly. A warning (it is slower), in both modes; nothing raises.
-    from xnnfold.probe.cut import ProbeUnsupported
+    from xnnfold.steps.fold.probe.cut import ProbeUnsupported
 
     set_strict(monkeypatch, strict)
     ep, _ = two_attentions()

@@ -60,6 +60,41 @@ def test_other_classes_are_refused_naming_the_class(tmp_path, architecture, mode
         hf_plan.plan(_folder(tmp_path, architecture, model_type, **config))
 
 
+CAUSAL = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2)
+
+
+@pytest.mark.parametrize("architecture, model_type, config, state", [
+    ("MambaForCausalLM", "mamba", dict(CAUSAL, state_size=8), "a recurrent state"),
+    ("RwkvForCausalLM", "rwkv", dict(CAUSAL, attention_hidden_size=32), "a recurrent state"),
+    ("xLSTMForCausalLM", "xlstm", dict(CAUSAL, num_heads=2), "a recurrent state"),
+    ("Lfm2ForCausalLM", "lfm2", dict(CAUSAL, layer_types=["conv", "full_attention"]),
+     "the state of its conv layers \\(layer_types\\)"),
+    ("RecurrentGemmaForCausalLM", "recurrent_gemma",
+     dict(CAUSAL, block_types=["recurrent", "attention"]),
+     "the state of its recurrent layers \\(block_types\\)"),
+    ("Qwen3NextForCausalLM", "qwen3_next",
+     dict(CAUSAL, layer_types=["linear_attention", "full_attention"]),
+     "the state of its linear_attention layers"),
+    ("JambaForCausalLM", "jamba", dict(CAUSAL, mamba_d_state=8, attn_layer_period=2),
+     "a state-space or convolution state \\(mamba_d_state\\)"),
+])
+def test_causal_lms_without_only_a_kv_cache_are_refused_from_the_config(
+        tmp_path, architecture, model_type, config, state):
+    """Mamba, RWKV and hybrids: refused from config.json (the export failed after 11-25 s of
+    loading); their logits without a cache are still exported."""
+    folder = _folder(tmp_path, architecture, model_type, **config)
+    with pytest.raises(UsageError, match=f"{architecture} \\(model type '{model_type}'\\) "
+                       f"keeps {state}.* between tokens: a generation .pte holds a KV cache"):
+        hf_plan.plan(folder)
+    assert hf_plan.plan(folder, cache=False).kind == hf_plan.CAUSAL_LM
+
+
+def test_attention_layers_of_every_kind_hold_a_kv_cache(tmp_path):
+    folder = _folder(tmp_path, "Gemma2ForCausalLM", "gemma2", **dict(
+        CAUSAL, layer_types=["full_attention", "sliding_attention"], num_attention_heads=2))
+    assert hf_plan.plan(folder).kind == hf_plan.CAUSAL_LM
+
+
 def test_refused_in_well_under_a_second_without_transformers(tmp_path, capsys, monkeypatch):
     """The refusal comes from config.json: with transformers unimportable the command still
     refuses the class (not "needs transformers"), and the folder holds no weights to load."""
@@ -90,9 +125,8 @@ def test_roberta_takes_its_last_usable_position(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(max_cache=64), "--max-cache 64 is beyond the model's 32 positions"),
     (dict(max_cache=1), "--max-cache 1: a cache needs at least 2 rows"),
-    (dict(max_prefill=40, max_cache=32), "--max-prefill 40: expected 1 to --max-cache"),
+    (dict(max_prefill=0), "--max-prefill 0: a prefill takes at least 1 token"),
     (dict(max_cache=10, tokens=8), "--tokens 8: the check runs 8 \\+ 4 positions, the cache "
      "has 10 rows"),
 ])
@@ -100,14 +134,47 @@ def test_cache_sizes_checked_from_the_config(tmp_path, options, message):
     folder = _folder(tmp_path, "LlamaForCausalLM", "llama", **TEXT)
     with pytest.raises(UsageError, match=message):
         hf_plan.plan(folder, options.pop("tokens", 8), True, **options)
-    # --no-cache: no cache to size
-    assert hf_plan.plan(folder, 8, False, **options).kind == hf_plan.CAUSAL_LM
+    # --no-cache: no cache to size, and its options refused rather than ignored
+    assert hf_plan.plan(folder, 8, False).kind == hf_plan.CAUSAL_LM
+    with pytest.raises(UsageError, match="options of a KV cache; --no-cache exports"):
+        hf_plan.plan(folder, 8, False, **options)
+
+
+def test_a_seq2seq_generation_pte_takes_max_cache_only(tmp_path):
+    folder = _folder(tmp_path, "WhisperForConditionalGeneration", "whisper",
+                     max_target_positions=16)
+    assert hf_plan.plan(folder, 4, True, max_cache=10).kind == hf_plan.WHISPER
+    with pytest.raises(UsageError, match="--max-prefill: options of a causal LM's KV cache; "
+                       "WhisperForConditionalGeneration's generation .pte takes --max-cache "
+                       "only"):
+        hf_plan.plan(folder, 4, True, max_cache=10, max_prefill=4)
+    with pytest.raises(UsageError, match="--max-cache: options of a KV cache; --no-cache "
+                       "exports without one"):
+        hf_plan.plan(folder, 4, False, max_cache=10)
 
 
 def test_cache_defaults():
     assert cache_sizes(None) == (1024, 128)
     assert cache_sizes(64) == (64, 64)            # capped by the model's positions
     assert cache_sizes(4096, 256) == (256, 128)
+
+
+def test_sizes_beyond_what_holds_them_are_capped_and_said(tmp_path):
+    """The cache by the model's positions, the prefill by the cache, asked or the default
+    (the API raised on the README's max_cache=1024 where the command capped its default
+    without a word); the command refuses none of them."""
+    said = []
+    assert cache_sizes(64, 1024, 128, said) == (64, 64)
+    assert said == ["max_cache 1024 is beyond the model's 64 positions: a cache of 64 rows",
+                    "max_prefill 128 is beyond the cache's 64 rows: prefills of up to 64 tokens"]
+    said = []
+    assert cache_sizes(64, None, None, said) == (64, 64)
+    assert said == ["max_cache 1024 (the default) is beyond the model's 64 positions: a cache "
+                    "of 64 rows"]             # the default prefill follows the cache, unsaid
+    said = []
+    assert cache_sizes(4096, 32, 40, said) == (32, 32) and len(said) == 1
+    folder = _folder(tmp_path, "LlamaForCausalLM", "llama", **TEXT)
+    assert hf_plan.plan(folder, 8, True, 1024, 128).kind == hf_plan.CAUSAL_LM
 
 
 @pytest.mark.parametrize("content, message", [

@@ -9,7 +9,7 @@ from torch import nn
 from xnnfold import pipeline
 from xnnfold.explain import Explanation, format_explanation
 from xnnfold.steps import mask_index
-from xnnfold.program_copy import copy_program
+from xnnfold.graph.program_copy import copy_program
 
 from conftest import round_trip
 
@@ -155,7 +155,7 @@ def test_the_pass_reports_the_rewrite_and_returns_a_new_program():
     ep = torch.export.export(FullRowsOff(), inputs())
     result = pipeline.run(ep, probe=None)
     assert result.modified and result.fallback is None
-    assert [r.node for r in result.mask_index] == ["index_put_"]
+    assert [r.node for r in result.of("mask_index")] == ["index_put_"]
     text = format_explanation(Explanation.of(result))
     assert "mask_index step: index_put_ indexed by the bool mask eq instead of where(eq); " \
            "its where (nonzero) removed" in text

@@ -10,13 +10,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold import analysis, pipeline, rules
+from xnnfold import analysis, pipeline
+from xnnfold.steps.fold import rules
 from xnnfold.steps import canonical, projections, runtime_weight
 from xnnfold.steps.fold import plan
-from xnnfold.program_copy import copy_program
-from xnnfold.errors import STRICT_ENV, StrictFallback
+from xnnfold.graph.program_copy import copy_program
+from conftest import set_strict
+from xnnfold.config import Config
+from xnnfold.errors import StrictFallback
 from xnnfold.decision import Found, Rule, Status
-from xnnfold.rules import DEFAULT_RULES
+from xnnfold.result import GemmOperand
+from xnnfold.steps.fold.rules import DEFAULT_RULES
 
 E = 8
 
@@ -283,7 +287,7 @@ def test_no_growth_guard():
 
 def test_strict_mode_raises_where_users_get_a_fallback(monkeypatch):
     ep = export(Split("sum"), torch.randn(2, E))
-    monkeypatch.setenv(STRICT_ENV, "1")
+    set_strict(monkeypatch, True)
     with pytest.raises(StrictFallback, match="more than the input"):
         pipeline.run(ep, probe=None, rule_set=DEFAULT_RULES.without(Rule.SIZE))
 
@@ -307,7 +311,7 @@ def test_projection_match_takes_mha_layout_only():
 def test_rule_split_undoes_a_projection_with_a_part_not_delegated():
     site = projections.PackedProjection("linear", 2, E, [], {0: "s0", 1: "s1"},
                                         part_linears={0: "part0", 1: "part1"})
-    rows = {(p, role): pipeline.GemmOperand(p, "linear", role, Status.FOLDED, delegated=True)
+    rows = {(p, role): GemmOperand(p, "linear", role, Status.FOLDED, delegated=True)
             for p in ("part0", "part1") for role in ("weight", "bias")}
     assert rules.split_kept(site, rows) is None
     rows[("part1", "bias")].delegated = False
@@ -347,7 +351,7 @@ def test_every_row_names_its_module_and_class():
     # q (split part), k and v (split parts), out_proj; the head's five GEMMs (one rewritten as
     # linear); the top-level matmul
     assert (len(attention), len(heads), len(top)) == (4, 5, 1), modules
-    assert any("_part" in g for g in attention) and result.canonical, modules
+    assert any("_part" in g for g in attention) and result.of("canonical"), modules
     from xnnfold import format_explanation
     from xnnfold.explain import Explanation
     lines = format_explanation(Explanation.of(result)).splitlines()
@@ -377,7 +381,7 @@ def test_the_fold_leaves_the_callers_random_generator_as_it_was(monkeypatch):
     monkeypatch.setattr(pipeline, "run", drawing_run)
     before = torch.get_rng_state()
     from xnnfold import fold_gemm_params
-    result = fold_gemm_params(ep, verify_probe=False)
+    result = fold_gemm_params(ep, config=Config(strict=True, verify_probe=False))
     assert result.fallback is None
     assert torch.equal(torch.get_rng_state(), before)
 
@@ -387,7 +391,7 @@ def test_probe_dims_take_only_numbers_as_bounds():
     import sympy
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges
-    from xnnfold.probe.program import _Dims
+    from xnnfold.steps.fold.probe.program import _Dims
 
     symbol = sympy.Symbol("s0", integer=True, positive=True)
     dims = _Dims({symbol: ValueRanges(2, int_oo)})
@@ -405,8 +409,8 @@ def test_probe_dims_call_a_floor_division_unsupported():
     import sympy
     from torch.utils._sympy.functions import FloorDiv
     from torch.utils._sympy.value_ranges import ValueRanges
-    from xnnfold.probe.cut import ProbeUnsupported
-    from xnnfold.probe.program import _Dims
+    from xnnfold.steps.fold.probe.cut import ProbeUnsupported
+    from xnnfold.steps.fold.probe.program import _Dims
 
     symbol = sympy.Symbol("s0", integer=True, positive=True)
     size = SimpleNamespace(node=SimpleNamespace(expr=FloorDiv(symbol, 10)))

@@ -19,7 +19,7 @@ from xnnfold.analysis import find_static
 from xnnfold.analysis.gemms import op_name
 from xnnfold.steps import attention, projections
 from xnnfold.steps.attention import restride
-from xnnfold.program_copy import copy_program, copy_with_nodes
+from xnnfold.graph.program_copy import copy_program, copy_with_nodes
 from xnnfold.steps.projections import quantized as int8_parts
 
 E, HEADS, B, L = 16, 2, 1, 6

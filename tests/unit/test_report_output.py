@@ -105,28 +105,37 @@ def test_sections_follow_the_variants_present():
     assert "## xnnfold beside the ideal rewrite" in with_ideal
 
 
-class _Progress:
-    def __init__(self, total):
-        self.total, self.n = total, 0
-
-    def update(self, n):
-        self.n += n
-
-    def refresh(self):
-        pass
+def _not_lowered(source, variant, *rest):
+    return report.Row(source.name, variant, error="not lowered (the test)"), None
 
 
 def test_progress_counts_the_variants_a_model_has(monkeypatch):
-    """lora-linear has an ideal and no eager export: 4 of the 5 variants asked, 4/4 at the
-    end (it ended at 3/5 for a user's model)."""
-    monkeypatch.setattr(report, "_lower_row",
-                        lambda source, variant, *rest: (report.Row(source.name, variant), None))
+    """lora-linear has an ideal and no eager export: 4 of the 5 variants asked."""
+    monkeypatch.setattr(report, "_lower_row", _not_lowered)
     asked = ["stock", "xnnfold", "stock-flag", "ideal", "eager-export"]
-    progress = _Progress(len(asked))
+    progress = SimpleNamespace(n=0)
+    progress.update = lambda n: setattr(progress, "n", progress.n + n)
     rows = report.measure_model(ModelSource("lora-linear"), 1, asked, progress=progress,
                                 profile=False)
     assert [r.variant for r in rows] == ["stock", "xnnfold", "stock-flag", "ideal"]
-    assert (progress.n, progress.total) == (4, 4)
+    assert progress.n == 4
     case = SimpleNamespace(ideal=None, eager_export=None)
     assert report.variants_of(case, asked) == ["stock", "xnnfold", "stock-flag"]
     assert torch.is_grad_enabled()                # measure_model left no global state behind
+
+
+def test_the_progress_total_is_right_from_the_start(monkeypatch, tmp_path, capsys):
+    """``xnnfold report``'s bar: each model's variants counted before the first lowering
+    (lora-linear and weight-norm-conv1d have an ideal, no eager export: it showed 0/6, then
+    0/5 and 2/4 as each model was built)."""
+    import re
+
+    from xnnfold import cli
+
+    monkeypatch.setattr(report, "_lower_row", _not_lowered)
+    assert cli.main(["report", "lora-linear", "weight-norm-conv1d", "--variants",
+                     "stock,ideal,eager-export", "--reps", "1", "--no-profile", "--out",
+                     str(tmp_path)]) == 1                            # every variant "failed"
+    shown = re.findall(r"(\d+)/(\d+) \[", capsys.readouterr().err)
+    assert shown and {total for _, total in shown} == {"4"}, shown
+    assert shown[-1] == ("4", "4"), shown

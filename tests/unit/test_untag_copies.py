@@ -84,15 +84,15 @@ def test_a_round_trip_of_a_computed_value_untags_the_copy_back():
     assert tags(graph)["aten_mul_tensor"] is not None and tags(graph)[copies[0]] is not None
 
 
-@pytest.mark.parametrize("name, fn", [
+@pytest.mark.parametrize("fn", [
     # a clone read inside the delegate only: the delegate returns what reads it
-    ("clone read inside", lambda x: (x + 1).clone() * 2),
+    pytest.param(lambda x: (x + 1).clone() * 2, id="clone read inside"),
     # a clone from a delegate input to its output: preprocess keeps it
-    ("input to output", lambda x: (x.clone(), x * 2)),
+    pytest.param(lambda x: (x.clone(), x * 2), id="input to output"),
     # a copy into channels-last that is an output and not a round trip
-    ("one-way copy", lambda x: ((x * 2).to(memory_format=CHANNELS_LAST), x + 1)),
+    pytest.param(lambda x: ((x * 2).to(memory_format=CHANNELS_LAST), x + 1), id="one-way copy"),
 ])
-def test_copies_preprocess_keeps_or_that_harm_nothing_stay_tagged(name, fn):
+def test_copies_preprocess_keeps_or_that_harm_nothing_stay_tagged(fn):
     graph, partition_tags = partitioned(fn, torch.randn(1, 3, 4, 4))
     before, tags_before = tags(graph), dict(partition_tags)
     assert untag_vanishing_copies(graph, partition_tags) == []

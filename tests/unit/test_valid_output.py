@@ -8,11 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xnnfold import pipeline, validity
-from xnnfold.program_copy import copy_program
-from xnnfold.errors import STRICT_ENV, FoldError, StrictFallback
-from xnnfold.rules import DEFAULT_RULES
+from xnnfold import pipeline
+from xnnfold.graph import validity
+from xnnfold.graph.program_copy import copy_program
+from conftest import set_strict
+from xnnfold.errors import FoldError, StrictFallback
+from xnnfold.steps.fold.rules import DEFAULT_RULES
 from xnnfold.steps import attention, projections, runtime_weight
+from xnnfold.steps.projections import split as projection_split
 
 from conftest import round_trip
 
@@ -93,12 +96,12 @@ def fold(name):
 def what_changed(name, result):
     """The step that replaced the returned node did its work (else the case tests nothing)."""
     if name in ("attention", "batched-matmul"):
-        return [a.rewritten for a in result.attention] == [True]
+        return [a.rewritten for a in result.of("attention")] == [True]
     if name == "swapped-tied-head":
         return any(r.runtime_weight and "swapped" in r.reason for r in result.operands)
     if name == "folded-gemms":
         return len(result.folded) == 6
-    return len(result.split_projections) == 1
+    return len(projections.split_in(result)) == 1
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -117,7 +120,7 @@ def test_a_returned_node_the_pass_replaced_gives_a_valid_program(name):
 
 # The negative tests: without the signature's update, each replacing step returns an invalid
 # program, and the check after that step names it.
-REPLACING_STEPS = {"attention": attention, "projections": projections,
+REPLACING_STEPS = {"attention": attention, "projections": projection_split,
                    "runtime_weight": runtime_weight}
 CASE_OF_STEP = {"attention": "attention", "projections": "split-projection",
                 "runtime_weight": "swapped-tied-head"}
@@ -126,7 +129,7 @@ CASE_OF_STEP = {"attention": "attention", "projections": "split-projection",
 @pytest.mark.parametrize("step", list(REPLACING_STEPS))
 def test_without_the_signature_update_the_check_names_the_step(monkeypatch, step):
     monkeypatch.setattr(REPLACING_STEPS[step], "sync_output_specs", lambda program: None)
-    monkeypatch.setenv(STRICT_ENV, "1")
+    set_strict(monkeypatch, True)
     with pytest.raises(StrictFallback, match=f"the {step} step returned an invalid program: "
                                              "SpecViolationError"):
         fold(CASE_OF_STEP[step])
@@ -134,7 +137,7 @@ def test_without_the_signature_update_the_check_names_the_step(monkeypatch, step
 
 def test_an_invalid_step_output_falls_back_to_stock_with_one_warning(monkeypatch, caplog):
     monkeypatch.setattr(attention, "sync_output_specs", lambda program: None)
-    monkeypatch.delenv(STRICT_ENV, raising=False)
+    set_strict(monkeypatch, False)
     ep = torch.export.export(Attention(), CASES["attention"][1]())
     result = pipeline.run(ep, takes_everything)
     assert result.program is ep and "the attention step returned an invalid program" in \

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from xnnfold.probe.verified import Verification, VerifiedProbe
+from xnnfold.steps.fold.probe.verified import Verification, VerifiedProbe
 
 
 class Answer:

@@ -22,9 +22,18 @@ from ..decision import Found
 from .gemms import gemm_spec, op_name, operand_roles
 from .identity import has_symbols, is_identity, removed_by_decomposition
 
+aten = torch.ops.aten
+
 # Quantize ops of PT2E: a folded weight keeps the dequantize in front of its GEMM so that
 # XNNPACK still sees ``dq(int8 constant) -> GEMM``; the target moves to the dequantize's input.
-_DEQUANTIZE_NAMES = ("dequantize_per_tensor", "dequantize_per_channel", "dequantize_affine")
+_DEQUANTIZE_NAMES = ("dequantize_per_tensor", "dequantize_per_channel", "dequantize_per_token",
+                     "dequantize_affine")
+# Ops that only move or view data, between a dequantize and the attention that reads it
+# (MHA's packed projection: unflatten, unsqueeze, transpose, squeeze, select, view).
+_LAYOUT = (aten.view.default, aten.reshape.default, aten.transpose.int, aten.permute.default,
+           aten.contiguous.default, aten.unflatten.int, aten.unsqueeze.default,
+           aten.expand.default, aten.clone.default, aten.select.int, aten.squeeze.dim,
+           aten.squeeze.dims, aten.slice.Tensor)
 
 
 @dataclass
@@ -166,12 +175,23 @@ def is_metadata_assertion(node: torch.fx.Node) -> bool:
     """``_assert_tensor_metadata`` (emitted by ``.to()``): on a static value it holds by
     construction, so it goes away with the value it checks instead of keeping it alive."""
     return node.op == "call_function" and \
-        node.target is torch.ops.aten._assert_tensor_metadata.default
+        node.target is aten._assert_tensor_metadata.default
 
 
 def is_dequantize(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and any(
         name in op_name(node.target) for name in _DEQUANTIZE_NAMES)
+
+
+def dequantized(node) -> bool:
+    """True if ``node`` is, through layout ops only, the output of a dequantize."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        if is_dequantize(node):
+            return True
+        if node.target not in _LAYOUT:
+            return False
+        node = node.args[0]
+    return False
 
 
 def find_operands(ep: ExportedProgram, facts: Optional[ProgramFacts] = None) -> list:

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from ..node_meta import tensor_val
+from ..graph.node_meta import tensor_val
 
 
 def has_symbols(value) -> bool:

@@ -233,7 +233,11 @@ def run_size(hidden: int, cache: int, args, names: list, bandwidth: float) -> No
             lms[road] = build(road, dims, args.arch, last_logits=args.last_logits,
                               quant=args.quant)
             start = time.perf_counter()
-            programs[road] = lms[road].export(tokens=tokens, position=0)
+            # --dynamic N: one program for steps of 1 to N tokens (the generation .pte's one
+            # method), its decode step timed; the example has 2 tokens (1 would specialize)
+            example = 2 if args.dynamic and tokens == 1 else tokens
+            programs[road] = lms[road].export(tokens=example, position=0, dynamic=args.dynamic) \
+                if args.dynamic else lms[road].export(tokens=tokens, position=0)
             print(f"exported {lms[road].name} in {time.perf_counter() - start:.1f} s", flush=True)
         variant = lower_variant(name, lms[road], programs[road], args.quant)
         variant.check = check_steps(variant, tokens=tokens, atol=QUANT_ATOL[args.quant])

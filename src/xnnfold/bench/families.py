@@ -62,11 +62,8 @@ def _step_taken(partitioner) -> str:
     result = getattr(partitioner, "last_result", None)
     if result is None:
         return ""
-    records = getattr(result, "records", None)
     rewritten = [name for name in ("kv_cache", "attention")
-                 if any(getattr(r, "rewritten", False) for r in
-                        ((records or {}).get(name, []) if records is not None
-                         else getattr(result, name, [])))]
+                 if any(r.rewritten for r in result.of(name))]
     return rewritten[0] if rewritten else "none"
 
 

@@ -101,23 +101,21 @@ def _lower_row(source, variant: str, case, expected, folder: str, verbose: bool)
 
 
 def measure_model(source, reps: int, variants=VARIANTS, seed: int = 0, profile: bool = True,
-                  folder: Optional[str] = None, progress=None, verbose: bool = False) -> list:
+                  folder: Optional[str] = None, progress=None, verbose: bool = False,
+                  case=None) -> list:
     """Rows for every variant of one model: a :class:`~xnnfold.models.sources.ModelSource`, or
-    a built-in or zoo model's name."""
+    a built-in or zoo model's name (``case``: its case, if built already)."""
     from ..pte.devtools import operator_times
     from ..models.sources import ModelSource, export
 
     source = ModelSource(source) if isinstance(source, str) else source
-    case = source.build()
+    case = source.build() if case is None else case
     if source.user:
         export(case)      # the user's model: a model that does not export fails here, at once
     with torch.no_grad():
         expected = case.model(*case.inputs)
     rows, runners = [], {}
     present = variants_of(case, variants)
-    if progress is not None and len(present) < len(variants):    # count what it has
-        progress.total -= len(variants) - len(present)
-        progress.refresh()
     with tempfile.TemporaryDirectory() as scratch:
         for variant in present:
             row, runner = _lower_row(source, variant, case, expected, folder or scratch,
@@ -178,20 +176,25 @@ def run_report(size: str = "small", names: Optional[list] = None, reps: int = 20
 
     names = model_names(size, names)
     sources = [ModelSource.of(name, quantize) for name in names]
-    rows, skipped = [], {}
-    with tqdm(total=len(names) * len(variants), desc="lowering", unit="variant",
+    # Every model built first, so that the progress bar's total, the variants each model has
+    # (ideal and eager-export where it has one), is right from the start and never changes.
+    cases, rows, skipped = {}, [], {}
+    for name, source in zip(names, sources):
+        try:
+            cases[name] = source.build()
+        except TransformersUnavailable as error:
+            skipped[name] = str(error)
+            if on_skip is not None:
+                on_skip(name, str(error))
+    total = sum(len(variants_of(case, variants)) for case in cases.values())
+    with tqdm(total=total, desc="lowering", unit="variant",
               disable=not show_progress) as progress:
         for name, source in zip(names, sources):
-            progress.set_postfix_str(source.name)
-            try:
+            if name in cases:
+                progress.set_postfix_str(source.name)
                 rows.extend(measure_model(source, reps, variants, seed, profile,
-                                          progress=progress, verbose=verbose))
-            except TransformersUnavailable as error:
-                skipped[name] = str(error)
-                progress.total -= len(variants)
-                progress.refresh()
-                if on_skip is not None:
-                    on_skip(name, str(error))
+                                          progress=progress, verbose=verbose,
+                                          case=cases.pop(name)))     # measured: let it go
     report = {"schema": SCHEMA_VERSION, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": _machine(), "reps": reps, "seed": seed,
               "order": "shuffled every round", "skipped": skipped,

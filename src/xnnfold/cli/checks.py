@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from ..models import catalog
-from ..models.sources import FACTORY_SPEC, is_user_spec, pt2_file
+from ..models.sources import FACTORY_SPEC, is_user_spec, missing_module, pt2_file
 from ..usage import UsageError
 from ..pte.variants import VARIANTS
 
@@ -63,9 +63,13 @@ def is_pt2(spec: str) -> bool:
 
 
 def program(spec: str) -> None:
-    """``spec`` is a ``package.module:function`` factory (its import is checked when it is
-    built), a built-in model or an existing .pt2 file."""
+    """``spec`` is a ``package.module:function`` factory whose module is there (its import
+    and function are checked when it is built), a built-in model or an existing .pt2 file."""
     if not is_pt2(spec):
+        if FACTORY_SPEC.match(spec):
+            missing = missing_module(spec, str(Path.cwd()))
+            if missing:
+                raise UsageError(f"{spec}: {missing}")
         return
     if not Path(spec).exists() and not spec.endswith(".pt2"):
         raise UsageError(f"{spec}: no such file, nor package.module:function, nor a "

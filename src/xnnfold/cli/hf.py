@@ -12,15 +12,18 @@ from .command import Command, CommandFailed, LLM_KERNELS_HELP, require
 
 def _hf_arguments(parser) -> None:
     parser.add_argument("folder", help="the folder save_pretrained wrote (config.json, weights)")
-    parser.add_argument("-o", "--output", required=True, help="the .pte to write (Whisper, T5, "
-                        "BART: OUT.encoder.pte and OUT.decoder.pte; CLIP: OUT.text.pte and "
-                        "OUT.vision.pte)")
+    parser.add_argument("-o", "--output", required=True, help="the .pte to write (Whisper, "
+                        "BART: one generation .pte and OUT.ptd, its tied head's table; with "
+                        "--no-cache, and T5: OUT.encoder.pte and OUT.decoder.pte; CLIP: "
+                        "OUT.text.pte and OUT.vision.pte)")
     parser.add_argument("--compare", action="store_true",
                         help="also lower with stock executorch; time both on the runtime")
-    parser.add_argument("--tokens", type=int, default=8, help="tokens of a text input (a "
-                        "causal LM: the prompt of the check)")
-    parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
-                        help="transformers' attn_implementation for the export")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens of a text input: the "
+                        "length the .pte takes (a generation .pte: the prompt of the check)")
+    parser.add_argument("--attention", choices=["auto", "sdpa", "eager"], default="auto",
+                        help="transformers' attn_implementation for the export (auto: sdpa "
+                        "where transformers has it for the class, else eager; the choice is "
+                        "printed)")
     parser.add_argument("--reps", type=int, default=10, help="timed rounds with --compare")
     parser.add_argument("--prefer", choices=["speed", "size"], default="speed",
                         help="where speed and size trade (a tied nn.Linear head): speed keeps "
@@ -28,9 +31,11 @@ def _hf_arguments(parser) -> None:
     parser.add_argument("--no-check", action="store_true", help="do not run the .pte on the "
                         "runtime against eager (checked by default; exit 1 when it differs)")
     parser.add_argument("--no-cache", action="store_true", help="a causal LM: the logits of "
-                        "--tokens tokens, no KV cache, instead of prefill + decode")
+                        "--tokens tokens, no KV cache, instead of prefill + decode; Whisper, "
+                        "BART: the encoder and one decoder step")
     parser.add_argument("--max-cache", type=int, help="a causal LM: rows of the KV cache "
-                        "(default: 1024, at most the model's positions)")
+                        "(default: 1024, at most the model's positions); Whisper, BART: of the "
+                        "decoder's self-attention cache (default: its positions)")
     parser.add_argument("--max-prefill", type=int, help="a causal LM: the longest prompt one "
                         "prefill call takes (default: 128, at most --max-cache; longer prompts "
                         "go in as chunks)")
@@ -51,7 +56,7 @@ def _check_hf(args) -> None:
     # the class and the cache sizes first: a class hf does not export is refused as such,
     # whether or not transformers is installed
     args.plan = plan(args.folder, args.tokens, not args.no_cache, args.max_cache,
-                     args.max_prefill)
+                     args.max_prefill, args.llm_kernels)
     require("hf", "tabulate", "transformers", install="pip install 'xnnfold[zoo]'")
 
 
@@ -81,7 +86,8 @@ def _cmd_hf(args) -> int:
 
 def _generate_arguments(parser) -> None:
     parser.add_argument("pte", help="the generation .pte `xnnfold hf` wrote for a causal LM "
-                        "(methods prefill and decode)")
+                        "(methods prefill and decode), or for a text encoder-decoder model "
+                        "(BART: --tokens are the encoder's input)")
     parser.add_argument("--tokens", required=True, help="the prompt's token ids, e.g. 1,2,3")
     parser.add_argument("--max-new", type=int, default=32, help="tokens to generate")
     parser.add_argument("--ignore-eos", action="store_true",
@@ -100,6 +106,9 @@ def _check_generate(args) -> None:
         raise UsageError(f"--tokens {args.tokens!r}: expected comma-separated token ids")
     if not args.prompt:
         raise UsageError("--tokens: give at least one token id")
+    negative = [t for t in args.prompt if t < 0]
+    if negative:
+        raise UsageError(f"--tokens {args.tokens!r}: token ids are 0 or more, not {negative[0]}")
     if args.max_new < 1:
         raise UsageError(f"--max-new {args.max_new}: generate at least one token")
     if args.threads is not None:
@@ -114,9 +123,14 @@ def _cmd_generate(args) -> int:
     if args.threads is not None:
         set_threads(args.threads)
     try:
-        generator = Generator(args.pte)
-        if args.warmup:                   # the first calls set up XNNPACK's operators
-            generator.generate(args.prompt, 2, stop_at_eos=False)
+        try:
+            generator = Generator(args.pte)
+        except NotAGenerationProgram:
+            if not _has_methods(args.pte, "encoder", "text_decoder"):
+                raise
+            return _generate_seq2seq(args)
+        if args.warmup:       # the first calls set up XNNPACK's operators; never more
+            generator.generate(args.prompt, min(2, args.max_new), stop_at_eos=False)
         result = generator.generate(args.prompt, args.max_new,
                                     stop_at_eos=not args.ignore_eos)
     except (NotAGenerationProgram, ValueError) as error:
@@ -125,6 +139,41 @@ def _cmd_generate(args) -> int:
         raise UsageError(f"{args.pte}: the runtime could not load it ({type(error).__name__}: "
                          f"{str(error).splitlines()[0][:160]})")
     print(result.summary())
+    return 0
+
+
+def _has_methods(pte: str, *names: str) -> bool:
+    from executorch.runtime import Runtime
+
+    try:
+        methods = Runtime.get().load_program(pte).method_names
+    except RuntimeError:          # a .ptd it needs is not given: the methods are listed anyway
+        return False
+    return set(names) <= set(methods)
+
+
+def _generate_seq2seq(args) -> int:
+    """An encoder-decoder .pte (BART...): ``--tokens`` are the encoder's input; greedy tokens
+    from the .pte's start token."""
+    import torch
+
+    from ..export.seq2seq import Seq2SeqProgram
+
+    program = Seq2SeqProgram(args.pte)
+    if program.speech:
+        raise UsageError(f"{args.pte}: a speech model (its encoder takes features): use "
+                         "`xnnfold transcribe`")
+    source = torch.tensor([args.prompt], dtype=torch.long)
+    if program.input_sizes and source.shape[1] > program.input_sizes[-1]:
+        raise UsageError(f"{args.pte}: {source.shape[1]} source tokens; its encoder takes at "
+                         f"most {program.input_sizes[-1]}")
+    try:
+        if args.warmup:
+            program.step(program.start, program.encode(source), 0)
+        run = program.generate(source, args.max_new, stop_at_eos=not args.ignore_eos)
+    except ValueError as error:
+        raise UsageError(f"{args.pte}: {error}")
+    print(run.summary())
     return 0
 
 

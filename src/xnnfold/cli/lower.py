@@ -7,8 +7,7 @@ from pathlib import Path
 
 from . import checks
 from ..usage import UsageError
-from .command import (Command, CommandFailed, LLM_KERNELS_HELP, model_case, program_of, QUANTIZE,
-                       require)
+from .command import LLM_KERNELS_HELP, QUANTIZE, Command, CommandFailed, model_case, program_of
 
 
 def _explain_arguments(parser) -> None:
@@ -23,8 +22,6 @@ def _explain_arguments(parser) -> None:
 
 def _check_explain(args) -> None:
     checks.program(args.program)
-    if args.all:
-        require("explain --all", "tabulate")
 
 
 def _cmd_explain(args) -> int:
@@ -36,8 +33,7 @@ def _cmd_explain(args) -> int:
         result = xnnfold.fold_gemm_params(program, llm_kernels=args.llm_kernels)
         print(xnnfold.format_explanation(Explanation.of(result)))
         return 0
-    from tabulate import tabulate
-
+    from ..explain import columns
     from ..pte.devtools import why_not_delegated
 
     # One lowering answers both: the GEMM table from its fold, the rest from XNNPACK's log.
@@ -48,8 +44,7 @@ def _cmd_explain(args) -> int:
     print(f"\nops left outside delegates after xnnfold: {len(rows)} (reason as XNNPACK's "
           "partitioner logged it)")
     if rows:
-        print(tabulate([[r.node, r.op, r.reason] for r in rows],
-                       headers=["node", "op", "XNNPACK's reason"]))
+        print(columns(["node", "op", "XNNPACK's reason"], [[r.node, r.op, r.reason] for r in rows]))
     return 0
 
 
@@ -86,6 +81,7 @@ def _cmd_lower(args) -> int:
     import xnnfold
     from ..explain import Explanation
     from ..pte import STOCK, XNNFOLD, lower
+    from ..steps import projections
     from ..models.sources import export
 
     case = model_case(args.program, args.quantize) if args.check else None
@@ -104,9 +100,10 @@ def _cmd_lower(args) -> int:
         raise UsageError(f"{args.output}: cannot be written ({error.strerror})")
     fold = lowered.fold
     if fold is not None:
-        print(f"folded {len(fold.constants)} constant(s) for "
-              f"{len(fold.folded)} GEMM operand(s); packed projections split: {len(fold.split_projections)}; "
-              f"freed params: {', '.join(fold.freed_params) or 'none'}")
+        split = projections.split_in(fold)
+        print(f"folded {len(fold.constants)} constant(s) for {len(fold.folded)} GEMM "
+              f"operand(s); packed projections split: {len(split)}; freed params: "
+              f"{', '.join(fold.freed_params) or 'none'}")
         if fold.fallback:
             print(f"fell back to stock: {fold.fallback}")
         if args.explain:

@@ -9,11 +9,12 @@ import os
 import sys
 
 from ..usage import CommandParser, ParserError, UsageError
-from . import bench, hf, lower, report
+from . import bench, hf, lower, report, transcribe
 from .command import CommandFailed
 
 
-COMMANDS = (report.REPORT, lower.LOWER, lower.EXPLAIN, hf.HF, hf.GENERATE, bench.BENCH)
+COMMANDS = (report.REPORT, lower.LOWER, lower.EXPLAIN, hf.HF, hf.GENERATE,
+            transcribe.TRANSCRIBE, bench.BENCH)
 
 
 class _Version(argparse.Action):
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         description = command.description() if callable(command.description) else \
             command.description or command.help
         sub = commands.add_parser(command.name, help=command.help, description=description)
+        # where a user types it: after the subcommand as well as before
+        sub.add_argument("--version", action=_Version, help="show the versions and exit")
         command.arguments(sub)
         sub.set_defaults(command_=command)
     return parser

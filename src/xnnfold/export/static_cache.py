@@ -7,7 +7,8 @@ TorchExportableModuleForDecoderOnlyLM``, the ``StaticCache`` of ``cache_implemen
 place at ``cache_position``; its module takes ``(input_ids (1, T), cache_position (T,))`` and
 returns the logits. ``last_logits=True`` runs the output head on the last position only
 (``logits_to_keep=1``): what generation reads, and the head is often the largest GEMM of a small
-model.
+model. A family that needs more to be exported (OPT, Falcon's ALiBi, MPT) is called with it
+(:mod:`.adaptations`).
 
 The adapter sizes every layer's cache from the config (``num_key_value_heads``, ``head_dim``).
 A model whose layers cache something else — DeepSeek-V2/V3's multi-head latent attention caches
@@ -22,6 +23,8 @@ import copy
 
 import torch
 from torch import nn
+
+from . import adaptations as family
 
 
 class _HeadOnLastPosition(nn.Module):
@@ -48,12 +51,21 @@ def with_static_cache(model: nn.Module, max_cache: int, last_logits: bool = Fals
     model.generation_config = copy.deepcopy(saved)
     model.generation_config.cache_implementation = "static"
     model.generation_config.use_cache = True
+    config = model.config.get_text_config()
+    cache_off = family.needs_cache_enabled(model)
+    if cache_off:                       # the adapter checks it; the call passes the cache itself
+        config.use_cache = True
     try:
         module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1,
                                                        max_cache_len=max_cache).model
     finally:
         model.generation_config = saved
+        if cache_off:
+            config.use_cache = False
     _fit_to_model(module, model)
+    needs = family.adaptations(model)
+    if needs:
+        module.model = family.Adapted(module.model, needs, max_cache)
     if last_logits:
         module.model = _HeadOnLastPosition(module.model)
     return module

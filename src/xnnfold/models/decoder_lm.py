@@ -23,7 +23,8 @@ from typing import Callable
 
 import torch
 
-ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma", "smollm")
+ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma", "smollm", "gemma2", "bloom", "opt", "mpt",
+                 "falcon-alibi")
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class DecoderLM:
 def _hf_config(arch: str, dims: Dims, **extra):
     import transformers
 
+    if arch in _OWN_NAMES:
+        return _own_names_config(arch, dims)
     common = dict(hidden_size=dims.hidden, num_hidden_layers=dims.layers,
                   num_attention_heads=dims.heads, num_key_value_heads=dims.kv_heads,
                   vocab_size=dims.vocab, intermediate_size=dims.mlp,
@@ -89,10 +92,48 @@ def _hf_config(arch: str, dims: Dims, **extra):
         # exact one (5e-4 off eager in stock's .pte too)
         return transformers.GemmaConfig(**common, head_dim=dims.head_dim,
                                         hidden_activation="gelu")
+    if arch == "gemma2":
+        # eager attention (transformers has no SDPA for it: soft-capping), a sliding window of
+        # a quarter of the cache on every other layer, soft-capped scores and logits
+        return transformers.Gemma2Config(**common, head_dim=dims.head_dim,
+                                         hidden_activation="gelu",
+                                         sliding_window=max(2, dims.cache // 4),
+                                         query_pre_attn_scalar=dims.head_dim,
+                                         attn_logit_softcapping=50.0,
+                                         final_logit_softcapping=30.0)
     raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
 
 
-def _hf_model(arch: str, dims: Dims, seed: int):
+# Families whose configs name their sizes their own way; ALiBi and learned positions, one KV
+# head per query head
+_OWN_NAMES = ("bloom", "opt", "mpt", "falcon-alibi")
+
+
+def _own_names_config(arch: str, dims: Dims):
+    import transformers
+
+    if arch == "bloom":
+        return transformers.BloomConfig(hidden_size=dims.hidden, n_layer=dims.layers,
+                                        n_head=dims.heads, vocab_size=dims.vocab)
+    if arch == "opt":
+        return transformers.OPTConfig(hidden_size=dims.hidden, num_hidden_layers=dims.layers,
+                                      num_attention_heads=dims.heads, vocab_size=dims.vocab,
+                                      ffn_dim=dims.mlp, word_embed_proj_dim=dims.hidden,
+                                      max_position_embeddings=max(2048, 2 * dims.cache))
+    if arch == "mpt":
+        return transformers.MptConfig(d_model=dims.hidden, n_layers=dims.layers,
+                                      n_heads=dims.heads, vocab_size=dims.vocab,
+                                      expansion_ratio=2, max_seq_len=max(2048, 2 * dims.cache))
+    return transformers.FalconConfig(hidden_size=dims.hidden, num_hidden_layers=dims.layers,
+                                     num_attention_heads=dims.heads, vocab_size=dims.vocab,
+                                     alibi=True, new_decoder_architecture=False,
+                                     multi_query=False, parallel_attn=True,
+                                     max_position_embeddings=max(2048, 2 * dims.cache))
+
+
+def causal_lm(arch: str, dims: Dims, seed: int = 0):
+    """transformers' causal LM of ``arch`` (see :data:`ARCHITECTURES`) at ``dims``, random
+    weights from ``seed``, in eval mode."""
     import transformers
 
     torch.manual_seed(seed)
@@ -104,6 +145,10 @@ def _hf_model(arch: str, dims: Dims, seed: int):
             torch.nn.init.uniform_(param, 0.5, 1.5)
         elif "bias" in name:
             torch.nn.init.normal_(param, std=0.1)
+        elif arch in ("gemma2",) + _OWN_NAMES and param.dim() == 2:
+            # their init (std 0.02) leaves every logit near 0: greedy decoding repeats one
+            # token, and a run that repeats one token checks little
+            torch.nn.init.normal_(param, std=param.shape[1] ** -0.5)
     return model
 
 
@@ -166,7 +211,7 @@ def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0,
 
     if quant == "int8":
         return pt2e_dynamic_int8(transformers_lm(arch, dims, seed, last_logits))
-    model = _hf_model(arch, dims, seed)
+    model = causal_lm(arch, dims, seed)
     if quant == "8da4w":
         _quantized_8da4w(model)
     inner = with_static_cache(model, dims.cache, last_logits)    # holds the cache buffers
@@ -179,11 +224,14 @@ def transformers_lm(arch: str = "llama", dims: Dims = Dims(), seed: int = 0,
         with torch.no_grad():
             return inner(input_ids=inputs[0], cache_position=inputs[1])
 
-    def export(tokens: int = 1, position: int = 0, dynamic: bool = False):
+    def export(tokens: int = 1, position: int = 0, dynamic: int = 0):
+        """One step of ``tokens`` tokens; ``dynamic``: of 1 to that many (True: the cache's
+        rows less one), as a generation program's one method takes them."""
         ids, cache_position = step_inputs(torch.zeros(1, tokens, dtype=torch.long), position)
         shapes = None
         if dynamic:
-            length = torch.export.Dim("length", min=1, max=dims.cache - 1)
+            longest = dims.cache - 1 if dynamic is True else dynamic
+            length = torch.export.Dim("length", min=1, max=longest)
             shapes = {"input_ids": {1: length}, "cache_position": {0: length}}
         with torch.no_grad():
             return torch.export.export(copy.deepcopy(pristine), args=(),

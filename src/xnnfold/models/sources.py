@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import logging
 import os
 import re
 import sys
@@ -116,6 +117,46 @@ def _in_eval_mode(module):
         return module
 
 
+def missing_module(spec: str, folder: str) -> Optional[str]:
+    """Why the module of factory ``spec`` cannot be imported, told before anything is imported
+    (the factory's own import comes after torch's, 30 s later), or None when it is there:
+    each package of its dotted name looked up from ``folder`` (first on ``sys.path``, as the
+    factory's import puts it) and the installed packages without running their code. A
+    submodule not where its package's spec says is looked up again with its package imported
+    (``os.path``; a package that extends its ``__path__`` when imported)."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = spec.split(":")[0].split(".")
+    top = parts[0]
+    found = importlib.machinery.PathFinder.find_spec(top, [folder, *sys.path])
+    if found is None:
+        try:          # a top-level name: the meta path finders run, no module's code
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            found = None
+    if found is None:
+        return f"no module {top} in {folder} nor among the installed packages"
+    for index in range(1, len(parts)):
+        name, locations = ".".join(parts[:index + 1]), found.submodule_search_locations
+        found = None if locations is None else \
+            importlib.machinery.PathFinder.find_spec(name, list(locations))
+        if found is None:
+            if folder not in sys.path:
+                sys.path.insert(0, folder)           # as the factory's import will
+            try:
+                found = importlib.util.find_spec(name)
+            except ModuleNotFoundError:
+                found = None
+            except Exception:  # noqa: BLE001 - the factory's import will say what fails
+                return None
+        if found is None:
+            parent = ".".join(parts[:index])
+            return f"{parent} is a module, not a package" if locations is None else \
+                f"no module {name} in package {parent}"
+    return None
+
+
 def _from_factory(spec: str, cwd: Optional[str]):
     import torch
 
@@ -136,12 +177,31 @@ def _from_factory(spec: str, cwd: Optional[str]):
         made = factory()
     except Exception as error:  # noqa: BLE001
         raise UsageError(f"{spec}: the factory raised {first_line(error)}")
-    if not (isinstance(made, tuple) and len(made) in (2, 3)
-            and isinstance(made[0], torch.nn.Module) and isinstance(made[1], tuple)):
+    wrong = _not_a_factory_result(made, torch.nn.Module)
+    if wrong:
         raise UsageError(f"{spec}: the factory must return (torch.nn.Module, tuple of example "
-                         f"inputs[, dynamic_shapes]), got {type(made).__name__}")
+                         f"inputs[, dynamic_shapes]); {wrong}")
     return Case(spec, _in_eval_mode(made[0]), made[1],
                 dynamic_shapes=made[2] if len(made) == 3 else None)
+
+
+def _not_a_factory_result(made, module_class) -> Optional[str]:
+    """What is wrong with what a factory returned, naming the element and its type; None if
+    it is ``(module, tuple of inputs[, dynamic_shapes])``."""
+    def kind(value) -> str:
+        return type(value).__name__
+
+    if not isinstance(made, tuple):
+        return f"it returned a {kind(made)}"
+    if len(made) not in (2, 3):
+        return f"it returned a tuple of {len(made)} element(s): " + \
+            ", ".join(kind(v) for v in made)
+    if not isinstance(made[0], module_class):
+        return f"element 0 of the tuple it returned is a {kind(made[0])}, not a module"
+    if not isinstance(made[1], tuple):
+        return (f"element 1 of the tuple it returned is a {kind(made[1])}, not a tuple of "
+                "inputs" + (" (one input x: (x,))" if hasattr(made[1], "shape") else ""))
+    return None
 
 
 def pt2_file(path: str) -> None:
@@ -155,16 +215,57 @@ def pt2_file(path: str) -> None:
         raise UsageError(f"{path}: not a .pt2 file (save one with torch.export.save)")
 
 
+class _Said(logging.Handler):
+    """The first line of each warning logged to it (of its exception, if it carries one)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list = []
+
+    def emit(self, record) -> None:
+        error = record.exc_info[1] if record.exc_info else None
+        self.lines.append(first_line(error) if error is not None else
+                          record.getMessage().strip().splitlines()[0])
+
+
+@contextlib.contextmanager
+def _warnings_said(logger_name: str):
+    """The warnings ``logger_name`` logs and Python's warnings, collected while inside (the
+    command line hides both from the terminal), in the list it yields."""
+    import warnings
+
+    logger, said = logging.getLogger(logger_name), _Said()
+    level = logger.level
+    logger.addHandler(said)
+    if not logger.isEnabledFor(logging.WARNING):         # raised to ERROR by quiet()
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield said.lines
+    finally:
+        logger.removeHandler(said)
+        logger.setLevel(level)
+        said.lines.extend(str(w.message).strip().splitlines()[0] for w in caught
+                          if str(w.message).strip())
+
+
 def load_program(path: str):
-    """A program saved with ``torch.export.save``; any problem is the file's, in one line."""
+    """A program saved with ``torch.export.save``; any problem is the file's, in one line,
+    with what torch warned of while loading it (its error says "check the warnings above")."""
     import torch
     from torch.export import ExportedProgram
 
     pt2_file(path)
     try:
-        program = torch.export.load(path)
+        with _warnings_said("torch.export") as said:
+            program = torch.export.load(path)
     except Exception as error:  # noqa: BLE001 - any load failure is the file's problem
-        raise UsageError(f"{path}: cannot load the exported program ({first_line(error)})")
+        said_line = first_line(error)
+        if said:      # the warnings, in place of "Please check the warnings above ..."
+            said_line = re.sub(r"\s*Please check the warnings above.*", "", said_line) + \
+                f" torch warned: {'; '.join(dict.fromkeys(said))}"
+        raise UsageError(f"{path}: cannot load the exported program ({said_line})")
     if not isinstance(program, ExportedProgram):
         raise UsageError(f"{path}: holds a {type(program).__name__}, not an ExportedProgram")
     return program

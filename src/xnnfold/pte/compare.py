@@ -6,10 +6,9 @@
 * max |e| over the last dim`` (an LM's logits: each is a dot product with the same hidden state,
 so its rounding follows the row's magnitude, and a logit near 0 is as far off as a large one:
 a per-element relative tolerance calls a correct export wrong there). Both fail, with the reason,
-on what a maximum of differences hides: a NaN or inf where eager has a
-fails, with the reason, on what a maximum of differences hides: a NaN or inf where eager has a
-finite value, a missing or extra output, a shape or dtype mismatch. ``max(0.0, nan)`` is 0.0,
-and a (1,) output broadcast against a (4,) reference differs by nothing: neither passes here.
+on what a maximum of differences hides: a NaN or inf where eager has a finite value, a missing or
+extra output, a shape or dtype mismatch. ``max(0.0, nan)`` is 0.0, and a (1,) output broadcast
+against a (4,) reference differs by nothing: neither passes here.
 """
 
 from __future__ import annotations

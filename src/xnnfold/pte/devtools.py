@@ -22,6 +22,7 @@ import statistics
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -39,17 +40,20 @@ def delegation(graph_module: torch.fx.GraphModule) -> dict:
             "not_delegated_by_op": dict(sorted(outside.items(), key=lambda kv: -kv[1]))}
 
 
-def operator_times(pte: bytes, inputs: tuple, runs: int = 5, method: str = "forward") -> dict:
+def operator_times(pte: bytes, inputs: tuple, runs: int = 5, method: str = "forward",
+                   data: Optional[bytes] = None) -> dict:
     """Milliseconds per run of ``method``, by portable operator and for XNNPACK delegate calls
-    (median over ``runs`` runs after one warm-up), from an ETDump of the wheel's runtime."""
+    (median over ``runs`` runs after one warm-up), from an ETDump of the wheel's runtime.
+    ``data``: the .ptd the .pte reads its external constants from."""
     from executorch.devtools import Inspector
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
-    buffer = pte                      # the loaded module does not own its buffer
-    from .runner import load_llm_kernels
+    buffers = pte, data               # the loaded module does not own its buffers
+    from .runner import load_llm_kernels, verified_program
 
+    verified_program(pte)
     load_llm_kernels(pte)
-    module = _load_for_executorch_from_buffer(buffer, enable_etdump=True)
+    module = _load_for_executorch_from_buffer(*buffers, enable_etdump=True)
     for _ in range(runs + 1):
         module.run_method(method, tuple(inputs))
     with tempfile.TemporaryDirectory() as folder:

@@ -34,6 +34,12 @@ _MAYBE_NOISE = re.compile(rb"^(\[|[WIE]\d|F|\x00)")      # \x00: a mark (StderrF
 # What the runtime logs when a .pte fails: the check or assertion that failed, the kernel call.
 _FAILURE = re.compile(r"^\[(?!cpuinfo)[A-Za-z_]+\.(cpp|h|cc):\d+\].*(failed|Failed)")
 _MARK = b"\x00xnnfold-mark "
+# Where a runtime's log line or a mark starts after other text, in one piece read from the
+# pipe: the writers share it, and a progress bar's update ends with no line end ("\rlowering:
+# 4/10 ..."), so a line another writer (this process's runtime, a child's) writes right after
+# it is read glued to it; matched at the start only, the pair passed to the terminal whole
+# (a NUL and "xnnfold-mark 3", a cpuinfo line, after the bar).
+_LINE_INSIDE = re.compile(rb"(?=\x00xnnfold-mark |\[[A-Za-z_]+\.(?:cpp|h|cc):\d+\] )")
 _LOGGERS = ("torch", "torchao", "executorch", "torch.utils._pytree", "torch._export",
             "torch.export", "root")
 
@@ -114,7 +120,8 @@ class StderrFilter:
             pending += chunk
             *segments, pending = _SEGMENT_END.split(pending)
             for index in range(0, len(segments), 2):     # (text, terminator) pairs
-                self._pass(segments[index] + segments[index + 1])
+                for line in _LINE_INSIDE.split(segments[index] + segments[index + 1]):
+                    self._pass(line)
             if pending and not _MAYBE_NOISE.match(pending):
                 self._pass(pending)
                 pending = b""

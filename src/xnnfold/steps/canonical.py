@@ -20,8 +20,10 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from ..analysis import find_static
 from ..analysis.gemms import op_name
-from ..node_meta import tensor_val
+from ..graph.node_meta import tensor_val
+from .protocol import Context, Outcome
 
 aten = torch.ops.aten
 
@@ -36,6 +38,7 @@ class CanonicalRewrite:
     gemm: str
     was: str
     weight: str
+    rewritten = True
 
     def describe(self) -> str:
         return (f"{self.gemm}: {self.was} of a transposed weight rewritten as "
@@ -108,3 +111,13 @@ def canonicalize(program: ExportedProgram, static: set) -> list:
         graph.lint()
         program.graph_module.recompile()
     return rewrites
+
+
+class CanonicalStep:
+    name = "canonical"
+
+    def run(self, program: ExportedProgram, context: Context) -> Outcome:
+        return Outcome(canonicalize(program, find_static(program).static))
+
+
+STEP = CanonicalStep()

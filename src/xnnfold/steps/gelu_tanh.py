@@ -16,6 +16,7 @@ dequantize and a quantize (a quantized pattern XNNPACK matches as a whole).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -25,10 +26,13 @@ from torch.export import ExportedProgram
 
 from ..analysis import is_dequantize
 from ..analysis.gemms import op_name
-from ..errors import at_node
-from ..node_meta import tensor_val
-from ..validity import sync_output_specs
+from ..errors import warn_or_raise
+from ..graph.emit import Emitter
+from ..graph.node_meta import tensor_val
+from ..graph.validity import sync_output_specs
+from .protocol import Context, Outcome
 
+logger = logging.getLogger("xnnfold")
 aten = torch.ops.aten
 # torch's constants (aten/src/ATen/native/cpu/Activation.cpp, GeluKernelImpl)
 BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5
@@ -74,42 +78,55 @@ def _left_because(node: torch.fx.Node):
     return None
 
 
-def _write_out(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
-    """The tanh form of ``node``'s GELU, inserted before it; its last node."""
-    x = node.args[0]
-
-    def emit(target, *args):
-        new = graph.call_function(target, args)
-        new.meta = dict(node.meta)          # same shape and dtype as the GELU's output
-        return new
-
-    with graph.inserting_before(node):
-        cube = emit(aten.mul.Tensor, emit(aten.mul.Tensor, x, x), x)
-        inner = emit(aten.mul.Tensor, emit(aten.add.Tensor, x, emit(aten.mul.Tensor, cube,
-                                                                        KAPPA)), BETA)
-        one_plus = emit(aten.add.Tensor, emit(aten.tanh.default, inner), 1.0)
-        return emit(aten.mul.Tensor, emit(aten.mul.Tensor, x, 0.5), one_plus)
+def _write_out(emit: Emitter, x: torch.fx.Node) -> torch.fx.Node:
+    """The tanh form of the GELU of ``x``, created before the GELU (``emit``'s anchor); its
+    last node."""
+    cube = emit(aten.mul.Tensor, emit(aten.mul.Tensor, x, x), x)
+    inner = emit(aten.mul.Tensor, emit(aten.add.Tensor, x, emit(aten.mul.Tensor, cube, KAPPA)),
+                 BETA)
+    one_plus = emit(aten.add.Tensor, emit(aten.tanh.default, inner), 1.0)
+    return emit(aten.mul.Tensor, emit(aten.mul.Tensor, x, 0.5), one_plus)
 
 
 def rewrite_tanh_gelus(program: ExportedProgram) -> list:
     """Rewrite, in place, every fp32 ``gelu(approximate="tanh")`` of ``program`` (the pass's
     own copy, ATen dialect) that XNNPACK would take; a :class:`TanhGeluRewrite` for each such
-    GELU, rewritten or not."""
+    GELU, rewritten or not. A failure on one GELU leaves only it as stock has it."""
     graph, records = program.graph, []
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not aten.gelu.default or \
                 _approximation(node) != "tanh":
             continue
-        reason = _left_because(node)
-        if reason is not None:
-            records.append(TanhGeluRewrite(node.name, False, reason))
-            continue
-        with at_node(node, "writing out the tanh GELU"):
-            node.replace_all_uses_with(_write_out(graph, node))
+        name, emit = node.name, None
+        try:
+            reason = _left_because(node)
+            if reason is None:
+                emit = Emitter(graph, node)
+                written = _write_out(emit, node.args[0])
+        except Exception as error:  # noqa: BLE001 - this GELU stays as stock has it
+            if emit is not None:
+                emit.discard()
+            reason = (f"internal failure, left as stock leaves it: "
+                      f"{type(error).__name__}: {error}")
+            warn_or_raise(logger, "xnnfold: gelu %r %s", name, reason)
+        if reason is None:
+            node.replace_all_uses_with(written)
             graph.erase_node(node)
-        records.append(TanhGeluRewrite(node.name, True))
+            records.append(TanhGeluRewrite(name, True))
+            continue
+        records.append(TanhGeluRewrite(name, False, reason))
     if any(r.rewritten for r in records):
         graph.lint()
         program.graph_module.recompile()
         sync_output_specs(program)     # a GELU the model returns is a new node now
     return records
+
+
+class GeluTanhStep:
+    name = "gelu_tanh"
+
+    def run(self, program: ExportedProgram, context: Context) -> Outcome:
+        return Outcome(rewrite_tanh_gelus(program))
+
+
+STEP = GeluTanhStep()

@@ -32,7 +32,8 @@ from torch.export import ExportedProgram
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from ..errors import at_node
-from ..node_meta import tensor_val
+from ..graph.node_meta import tensor_val
+from .protocol import Context, Outcome
 
 aten = torch.ops.aten
 _WHERE = (aten.where.default, aten.nonzero_numpy.default)
@@ -47,6 +48,7 @@ class MaskIndexRewrite:
     mask: str
     where: str
     where_removed: bool       # False: something else still reads the where's indices
+    rewritten = True
 
     def describe(self) -> str:
         gone = "its where (nonzero) removed" if self.where_removed else \
@@ -144,3 +146,13 @@ def rewrite_mask_indexing(program: ExportedProgram) -> list:
         _drop_ranges(program, symbols)
     return [MaskIndexRewrite(node, mask, where.name, where in removed)
             for node, mask, where in rewritten]
+
+
+class MaskIndexStep:
+    name = "mask_index"
+
+    def run(self, program: ExportedProgram, context: Context) -> Outcome:
+        return Outcome(rewrite_mask_indexing(program))
+
+
+STEP = MaskIndexStep()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
-import os
 import re
 from pathlib import Path
 
@@ -27,15 +26,9 @@ SCRIPTS = {
     "llm-decode": "llm_decode",
     "llm-families": "llm_families",
     "moe-decode": "moe_decode",
+    "whisper": "whisper",
+    "hf-text-length": "hf_text_length",
 }
-
-
-def lower_as_users_do() -> None:
-    """Verification off (``XNNFOLD_VERIFY_PROBE=0``) for the rest of this process: a script's
-    lowerings are timed as users run them. Called by a script's ``main``, never at import: the
-    test suite imports scripts' helpers, and a variable set at import would turn its
-    verification off for every test after."""
-    os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
 
 
 def summary(name: str) -> str:

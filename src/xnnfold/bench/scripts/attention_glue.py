@@ -10,7 +10,7 @@ thread, medians; portable share: ETDump.
     xnnfold bench attention-glue decoder [--rounds 20]    # 8 tokens, 1500 states
     xnnfold bench attention-glue demo [--rounds 30]
 
-Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is timed as users run it.
+The lowerings run with xnnfold's default settings (xnnfold.config: verification off), as users run them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from xnnfold.bench.scripts import lower_as_users_do, parser
+from xnnfold.bench.scripts import parser
 
 
 VOCAB, D_MODEL = 51865, 384
@@ -90,7 +90,7 @@ def report(variants: dict, inputs: tuple, reference: dict, rounds: int, base: st
     runners = {name: PteRunner(lowered.pte) for name, lowered in variants.items()}
     for name, lowered in variants.items():
         verdict = compare_outputs(runners[name].run(inputs), reference[name])
-        notes = [a.describe() for a in lowered.fold.attention] if lowered.fold else []
+        notes = [a.describe() for a in lowered.fold.of("attention")] if lowered.fold else []
         print(f"{name:18s} delegate calls {lowered.delegate_calls:3d}, ops outside "
               f"{len(lowered.ops_outside):3d}, .pte {lowered.pte_bytes:,} B, {verdict}; "
               f"{len(notes)} rewrites" + (f", e.g. {notes[0]}" if notes else ""),
@@ -146,7 +146,6 @@ def demo(rounds: int) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    lower_as_users_do()
     import torch
     torch.set_num_threads(1)
     if args.part == "demo":

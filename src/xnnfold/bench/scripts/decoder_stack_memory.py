@@ -9,14 +9,13 @@ stock.
 The parent spawns one child per variant (spawn, not fork: no inherited OpenMP pool or heap);
 each child builds and exports the model, then lowers it (``to_edge_transform_and_lower`` and
 ``to_executorch``) and reports its own peak RSS (``ru_maxrss``) and the lowering's seconds.
-Verification is off (XNNFOLD_VERIFY_PROBE=0).
+The lowerings run with xnnfold's default settings (xnnfold.config: verification off).
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import resource
 import sys
 import time
@@ -25,7 +24,6 @@ from xnnfold.bench.scripts import parser
 
 
 def _child(variant: str, layers: int, embed: int, ff: int, queue) -> None:
-    os.environ["XNNFOLD_VERIFY_PROBE"] = "0"
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackPartitioner as StockXnnpackPartitioner,

@@ -7,21 +7,23 @@ copy bandwidth) and the share of the step on portable kernels (ETDump).
 
     xnnfold bench llm-decode [--hidden 512] [--cache 1024] [--positions 16,512,1000]
                              [--rounds 30] [--variants ...] [--prefill 128] [--quant int8]
+                             [--arch gemma2] [--dynamic 128]
 
 Every variant is first run for 4 steps from an empty cache and compared with its eager module;
 then all are timed interleaved in one process, one thread, medians per position.
-Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is timed as users run it.
+The lowerings run with xnnfold's default settings (xnnfold.config: verification off), as users run them.
 """
 
 from __future__ import annotations
 
-from xnnfold.bench.scripts import lower_as_users_do, parser
+from xnnfold.bench.scripts import parser
 
 VARIANTS = ("hf-stock", "hf-stock-flag", "hf-xnnfold", "hf-xnnfold-llm", "et-stock",
             "et-plain-stock", "et-plain-xnnfold", "et-plain-xnnfold-llm")
 # stock's own flag beside stock: xnnfold must beat both
 DEFAULT_VARIANTS = ("hf-stock", "hf-stock-flag", "hf-xnnfold", "hf-xnnfold-llm", "et-stock")
-ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma", "smollm")
+ARCHITECTURES = ("llama", "qwen2", "phi3", "gemma", "smollm", "gemma2", "bloom", "opt", "mpt",
+                 "falcon-alibi")   # models.decoder_lm.ARCHITECTURES, without importing torch
 NOTES = {
     "hf-stock": "transformers static cache, stock partitioner",
     "hf-stock-flag": "transformers static cache, stock partitioner with "
@@ -54,6 +56,10 @@ def build_parser():
     args.add_argument("--prefill", type=int, default=0,
                       help="time a prefill of this many tokens at position 0 instead (0: a "
                       "decode step)")
+    args.add_argument("--dynamic", type=int, default=0,
+                      help="export one program for steps of 1 to this many tokens (the "
+                      "generation .pte's one method: prefill and decode through it) and time "
+                      "its decode step (0: a program of the step's own static length)")
     args.add_argument("--last-logits", action="store_true",
                       help="the transformers road computes the last token's logits only "
                       "(logits_to_keep=1), as executorch's flow does (for --prefill)")
@@ -84,6 +90,10 @@ def parse_args(argv=None):
                               f"{getattr(args, option)!r}")
     if max(_ints(args.positions)) >= min(_ints(args.cache)) and not args.prefill:
         args_parser.error(f"--positions: each must be below the cache ({args.cache})")
+    if args.dynamic < 0 or args.dynamic >= min(_ints(args.cache)) or \
+            (args.dynamic and args.prefill > args.dynamic):
+        args_parser.error(f"--dynamic: 0, or 1 .. the cache ({args.cache}) less one, at least "
+                          f"--prefill, not {args.dynamic}")
     if args.prefill < 0 or args.prefill > min(_ints(args.cache)):
         args_parser.error(f"--prefill: 0 .. the cache ({args.cache}), not {args.prefill}")
     args.variant_list = variants
@@ -96,7 +106,6 @@ def _ints(text: str) -> list:
 
 def main(argv=None) -> None:
     args = parse_args(argv)                 # --help answers before torch is imported
-    lower_as_users_do()
     from xnnfold.pte.quiet import quiet
     stderr_filter = quiet()
     from xnnfold.bench import decode as bench

@@ -7,7 +7,7 @@ The quantized and DETR-style cases are the test suite's models: run it from a so
 
 Per case: export once per process, then time ``xnnfold.pte.lowering.lower`` (to_edge_transform
 _and_lower + to_executorch) as stock and as xnnfold, in fresh processes, interleaved (stock,
-xnnfold, stock, ...); medians and the ratio. Verification is off (XNNFOLD_VERIFY_PROBE=0). A
+xnnfold, stock, ...); medians and the ratio. The lowerings run with xnnfold's default settings (xnnfold.config: verification off). A
 variant that cannot lower the program prints "raises".
 """
 
@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-from xnnfold.bench.scripts import lower_as_users_do, parser
+from xnnfold.bench.scripts import parser
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -79,7 +79,6 @@ def _child(name: str, variant: str) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    lower_as_users_do()
     reps = args.reps
     for name in args.cases or CASES:
         times = {"stock": [], "xnnfold": []}

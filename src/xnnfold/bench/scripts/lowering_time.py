@@ -7,7 +7,7 @@ Per model, in one process and interleaved (stock, xnnfold, ideal, stock, ...), a
 warm-up round: the seconds of ``to_edge_transform_and_lower`` + ``to_executorch``
 (``xnnfold.pte.lowering.lower``), medians; then ``fold_gemm_params`` alone with the fast probe and
 with the whole-program probe, interleaved too. Then two programs with nothing to fold (two
-plain linears, a small CNN): xnnfold / stock. Verification is off (XNNFOLD_VERIFY_PROBE=0).
+plain linears, a small CNN): xnnfold / stock. The lowerings run with xnnfold's default settings (xnnfold.config: verification off).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import time
 
 from xnnfold.models import catalog
-from xnnfold.bench.scripts import lower_as_users_do, parser
+from xnnfold.bench.scripts import parser
 
 
 
@@ -76,10 +76,11 @@ def bench_model(name: str, reps: int, compare_probes: bool = True) -> dict:
     )
 
     from xnnfold import pipeline
+    from xnnfold.config import Config
     from xnnfold.models.sources import build_named
     from xnnfold.pte import STOCK, XNNFOLD, lower
     from xnnfold.partitioner import fold_gemm_params
-    from xnnfold.probe.verified import whole_program_probe
+    from xnnfold.steps.fold.probe.verified import whole_program_probe
 
     case = build_named(name)
     ep = torch.export.export(case.model, case.inputs, dynamic_shapes=case.dynamic_shapes)
@@ -92,7 +93,8 @@ def bench_model(name: str, reps: int, compare_probes: bool = True) -> dict:
         return {"model": name, **lowering}
     stock_partitioner = StockXnnpackPartitioner()
     fold = interleaved({
-        "fold, fast probe": lambda: fold_gemm_params(ep, stock_partitioner, verify_probe=False),
+        "fold, fast probe": lambda: fold_gemm_params(ep, stock_partitioner,
+                                                     config=Config(verify_probe=False)),
         "fold, whole-program probe": lambda: pipeline.run(
             ep, whole_program_probe(stock_partitioner)),
     }, reps)
@@ -130,7 +132,6 @@ def build_parser():
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    lower_as_users_do()
     names = [n for n in args.models.split(",") if n] or list(
         {"small": catalog.SMALL, "large": catalog.LARGE,
          "all": catalog.SMALL + catalog.LARGE}[args.size])

@@ -10,12 +10,13 @@ One decode step (transformers' static cache of 1,024 rows), each variant lowered
 checked against eager, then timed interleaved, one thread, medians; bytes by count of the
 weights each variant's step reads (decode is memory-bound: time over the floor's ~ bytes over
 the active ones).
-Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is timed as users run it.
+The lowerings run with xnnfold's default settings (xnnfold.config: verification off), as
+users run them.
 """
 
 from __future__ import annotations
 
-from xnnfold.bench.scripts import lower_as_users_do, parser
+from xnnfold.bench.scripts import parser
 
 VARIANTS = ("routed", "all-experts", "batched-mm", "floor")
 
@@ -52,7 +53,6 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)                 # --help answers before torch is imported
-    lower_as_users_do()
     from xnnfold.pte.quiet import quiet
     stderr_filter = quiet()
     from xnnfold.bench import moe

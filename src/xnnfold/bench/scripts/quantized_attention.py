@@ -13,7 +13,7 @@ dims [2, 3] of a 4-D view, or two ``linear`` with a ``1/D`` row, then sub, mul, 
 against portable's ``native_layer_norm``: alone on whisper-tiny's encoder shape (1500 x 384),
 and in place in the whisper encoder (its exported program rewritten before lowering).
 
-Verification is off (XNNFOLD_VERIFY_PROBE=0): the lowering is what users run.
+The lowerings run with xnnfold's default settings (xnnfold.config: verification off), as users run them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import statistics
 import sys
 from collections import Counter
 
-from xnnfold.bench.scripts import lower_as_users_do, parser
+from xnnfold.bench.scripts import parser
 
 
 
@@ -222,10 +222,10 @@ def decompose_layer_norms(program, how: str):
     ``how`` = "mean-dim" (mean.dim over [2, 3] of a [1, rows, D, 1] view) or "linear" (the
     means as linears with a constant 1/D row)."""
     import torch
-    from xnnfold.node_meta import tensor_val
-    from xnnfold.steps.attention.common import Emitter, reshape_arg
-    from xnnfold.program_copy import copy_program
-    from xnnfold.steps.fold import new_constant
+    from xnnfold.graph.node_meta import tensor_val
+    from xnnfold.graph.emit import Emitter, reshape_arg
+    from xnnfold.graph.program_copy import copy_program
+    from xnnfold.graph.constants import new_constant
 
     aten = torch.ops.aten
     program = copy_program(program)
@@ -313,7 +313,6 @@ def run_layer_norm(rounds: int) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    lower_as_users_do()
     import torch
     torch.set_num_threads(1)
     import executorch.kernels.quantized  # noqa: F401 - the quantized ops' out variants

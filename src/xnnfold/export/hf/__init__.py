@@ -8,11 +8,14 @@ from config.json alone, before torch, transformers or the weights load (:func:`p
 - a causal LM (``...ForCausalLM``, ``...LMHeadModel``): a generation-ready .pte, ``prefill``
   and ``decode`` over transformers' static KV cache (:mod:`xnnfold.export.llm`); ``--no-cache``: the
   logits of ``--tokens`` tokens, no cache;
-- Whisper: the encoder on a full window and one decoder step, ``OUT.encoder.pte`` and
-  ``OUT.decoder.pte``;
-- a text seq2seq model (``...ForConditionalGeneration`` with ``is_encoder_decoder``: T5, BART,
-  ...): the encoder (``input_ids`` + ``attention_mask``) and one decoder step (``--tokens``
-  tokens over the encoder's states, logits), ``OUT.encoder.pte`` and ``OUT.decoder.pte``;
+- Whisper, and a text seq2seq model whose decoder has BART's cross-attention (BART, mBART,
+  Marian, Pegasus...): a generation-ready .pte (:mod:`xnnfold.export.seq2seq`): ``encoder``
+  once per input, returning every decoder layer's cross-attention keys and values, and
+  ``text_decoder`` one token per call over a self-attention cache, the layout executorch's
+  speech runner calls; the tied head's table in ``OUT.ptd`` beside it;
+- ``--no-cache``, and T5 (whose attention is another class): the encoder (Whisper: a full
+  window; text: ``input_ids`` + ``attention_mask``) and one decoder step (``--tokens`` tokens
+  over the encoder's states, logits), ``OUT.encoder.pte`` and ``OUT.decoder.pte``;
 - a classifier or tagger of text (``...ForSequenceClassification``,
   ``...ForTokenClassification``, ``...ForMaskedLM``): logits of ``input_ids`` +
   ``attention_mask``; an image classifier (``...ForImageClassification``): logits of one image;
@@ -22,10 +25,13 @@ from config.json alone, before torch, transformers or the weights load (:func:`p
   config has ``image_size`` and ``num_channels``, else of ``input_ids`` + ``attention_mask``.
 
 Anything else is refused with one line naming the class. Random example inputs (seeded); a
-text input's mask pads its last token, so the check covers the mask. With ``--compare``, each
-program is also lowered with stock executorch and both .pte files are timed on the runtime
-(interleaved rounds). Why not optimum-executorch's export: see the README (*Hugging Face
-models*).
+text input's mask pads its last token, so the check covers the mask. Each .pte but a
+generation .pte takes its example inputs' shapes only (a text of ``--tokens`` tokens), and the
+notes say them: exported with a dynamic text length, BERT, T5, CLIP's text encoder and GPT-2
+lowered with none of xnnfold's rewrites (``xnnfold bench hf-text-length``). With
+``--compare``, each program is also lowered with stock executorch and both .pte files are
+timed on the runtime (interleaved rounds). Why not optimum-executorch's export: see the README
+(*Hugging Face models*).
 """
 
 from __future__ import annotations
@@ -34,12 +40,12 @@ from pathlib import Path
 from typing import Optional
 
 from ...usage import UsageError
-from .plan import CAUSAL_LM, Plan
+from .plan import CAUSAL_LM, SEQ2SEQ, WHISPER, Plan
 from .rows import Exported, failing_as_usage, pte_path, ratios, row
 
 
 def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 8,
-                  attention: str = "sdpa", reps: int = 10, prefer: str = "speed",
+                  attention: str = "auto", reps: int = 10, prefer: str = "speed",
                   check: bool = True, cache: bool = True, max_cache: Optional[int] = None,
                   max_prefill: Optional[int] = None, llm_kernels: bool = False) -> Exported:
     """Write the .pte of every part of ``plan``'s model, each checked against eager on the
@@ -53,22 +59,54 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
     output_path = Path(output)
     if not output_path.parent.exists():
         raise UsageError(f"{output}: folder {output_path.parent} does not exist")
-    model = hf_parts.load(plan, attention)
+    model, attention_note = hf_parts.load(plan, attention)
     if plan.kind == CAUSAL_LM and cache:
         from .generation import export_generation
         exported = export_generation(model, output_path, compare, tokens, reps, prefer, check,
                                      max_cache, max_prefill, llm_kernels)
+    elif plan.kind in (WHISPER, SEQ2SEQ) and cache and _cross_attention(model):
+        from .seq2seq import export_seq2seq_generation
+        exported = export_seq2seq_generation(model, output_path, plan.folder, compare, tokens,
+                                             reps, prefer, check, max_cache)
     else:
         exported = Exported([], [], [])
+        if plan.kind == SEQ2SEQ and cache:
+            exported.notes.append(f"{plan.architecture}: its decoder has no BART-style "
+                                  "cross-attention (encoder_attn): exported as the encoder and "
+                                  "one decoder step, without a cache")
+        # a causal LM's logits without a cache (--no-cache): judged as the generation check
+        # judges them, at the scale of each row (a fixed 1e-5 failed where stock's .pte had
+        # the same error)
+        per_row = plan.kind == CAUSAL_LM
         for part in hf_parts.parts(plan, model, tokens):
-            _export_part(part, pte_path(output_path, part.name), exported, compare, reps,
-                         prefer, check)
+            destination = pte_path(output_path, part.name)
+            _export_part(part, destination, exported, compare, reps, prefer, check, per_row)
+            # exported with fixed shapes: a dynamic text length lowered with none of
+            # xnnfold's rewrites (xnnfold bench hf-text-length: BERT, T5, CLIP, GPT-2 twice
+            # the ops outside delegates, three times the delegate calls)
+            tokens_in = any(not t.is_floating_point() for t in part.inputs)
+            exported.notes.append(f"{destination}: takes {hf_parts.input_shapes(part)}, "
+                                  "these shapes only" + (f" (--tokens {tokens} sets the "
+                                                         "text's length)" if tokens_in else ""))
     ratios(exported.rows)
+    exported.notes.insert(0, attention_note)
     return exported
 
 
+def _cross_attention(model) -> bool:
+    from ..seq2seq.export import cross_attentions
+
+    try:
+        cross_attentions(model)
+    except ValueError:
+        return False
+    return True
+
+
 def _export_part(part, destination: Path, exported: Exported, compare: bool, reps: int,
-                 prefer: str, check: bool) -> None:
+                 prefer: str, check: bool, per_row: bool = False) -> None:
+    """``per_row``: the outputs are logits, judged at the scale of each row
+    (``compare_outputs(per_row=True)``, as the generation check judges them)."""
     import torch
 
     from ...pte.compare import compare_outputs
@@ -89,8 +127,8 @@ def _export_part(part, destination: Path, exported: Exported, compare: bool, rep
     runners = {v: PteRunner(low.pte) for v, low in lowered.items()}
     times = time_interleaved(runners, part.inputs, reps) if compare else {}
     for variant, low in lowered.items():
-        verdict = compare_outputs(runners[variant].run(part.inputs), expected) \
-            if check else None
+        verdict = (compare_outputs(runners[variant].run(part.inputs), expected, per_row=per_row)
+                   if check else None)
         if verdict is not None and not verdict.ok and variant == XNNFOLD:
             exported.wrong.append(f"{destination}: {verdict}")
         median = sorted(times[variant])[len(times[variant]) // 2] if times else None

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from ..adaptations import adaptations
 from . import plan as hf_plan, rows as hf_rows
 
 
@@ -158,10 +159,12 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
                 method, variant, methods[method], verdict,
                 timed[variant][index] if timed else None,
                 str(output) if variant == written else ""))
+    exported.notes += [a.describe(name) for a in adaptations(model)]
     exported.notes.append(
         f"{output}: methods prefill (1 to {generation.max_prefill} tokens) and decode (1 "
         f"token) over a static KV cache of {generation.max_cache} rows; run it with "
         f"`xnnfold generate {output} --tokens 1,2,3 --max-new 32`")
+    exported.notes.extend(hf_plan.as_options(line) for line in generation.capped)
     for variant, (prefill_ms, decode_ms) in timed.items():
         exported.notes.append(
             f"{variant}: prefill of {tokens} tokens {prefill_ms:.3f} ms "

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from . import plan as hf_plan
-from ...usage import UsageError
+from ...usage import UsageError, first_line
 
 
 @dataclass
@@ -42,8 +42,36 @@ class _Call(nn.Module):
                        self.output)
 
 
-def load(plan: "hf_plan.Plan", attention: str) -> nn.Module:
-    """The class config.json names, with the folder's weights, in eval mode."""
+def input_shapes(part: Part) -> str:
+    """What the .pte of ``part`` takes, e.g. ``input_ids (1, 8) int64, attention_mask (1, 8)
+    int64``: its inputs by name, shape and dtype."""
+    module = part.module
+    names = module.names if isinstance(module, _Call) else \
+        tuple(inspect.signature(module.forward).parameters)
+    return ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                     for name, t in zip(names, part.inputs))
+
+
+AUTO = "auto"
+
+
+def choose_attention(cls, asked: str) -> tuple:
+    """(transformers' ``attn_implementation`` to load ``cls`` with, what to say about it):
+    ``asked`` itself, or for ``auto`` SDPA where transformers has it for the class
+    (``_supports_sdpa``) and eager attention where it has not (Gemma2: soft-capping; BLOOM,
+    MPT: ALiBi)."""
+    sdpa = bool(getattr(cls, "_supports_sdpa", False))
+    if asked != AUTO:
+        return asked, f"{cls.__name__}: transformers' {asked} attention (--attention {asked})"
+    if sdpa:
+        return "sdpa", f"{cls.__name__}: transformers' sdpa attention (--attention auto)"
+    return "eager", (f"{cls.__name__}: transformers' eager attention (--attention auto: "
+                     "transformers has no SDPA attention for this class)")
+
+
+def load(plan: "hf_plan.Plan", attention: str) -> tuple:
+    """(the class config.json names, with the folder's weights, in eval mode; which attention
+    it was loaded with and why)."""
     from ..transformers import import_transformers
 
     tf = import_transformers()
@@ -52,18 +80,22 @@ def load(plan: "hf_plan.Plan", attention: str) -> nn.Module:
     except AttributeError:
         raise UsageError(f"{plan.folder}: transformers {tf.__version__} has no class "
                          f"{plan.architecture}")
+    implementation, note = choose_attention(cls, attention)
+    if implementation == "sdpa" and not getattr(cls, "_supports_sdpa", False):
+        raise UsageError(f"{plan.folder}: transformers {tf.__version__} has no SDPA attention "
+                         f"for {plan.architecture}: use --attention eager (or auto)")
     progress = tf.utils.logging.is_progress_bar_enabled()
     tf.utils.logging.disable_progress_bar()       # "Loading weights" on stderr, per tensor
     try:
         model = cls.from_pretrained(plan.folder, local_files_only=True,
-                                    attn_implementation=attention)
+                                    attn_implementation=implementation)
     except (OSError, ValueError) as error:
         raise UsageError(f"{plan.folder}: {plan.architecture}.from_pretrained failed "
-                         f"({type(error).__name__}: {str(error).splitlines()[0][:200]})")
+                         f"({first_line(error)})")
     finally:
         if progress:
             tf.utils.logging.enable_progress_bar()
-    return model.eval()
+    return model.eval(), note
 
 
 def _text(config, tokens: int) -> tuple:

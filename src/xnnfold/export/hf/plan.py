@@ -24,6 +24,17 @@ _TEXT_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForMasked
 _POSITIONS_AFTER_PADDING = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert",
                             "data2vec-text", "ibert", "longformer", "mpnet",
                             "roberta-prelayernorm", "xmod", "esm", "luke"}
+# Causal LMs whose state between tokens is not (only) a KV cache of attention: transformers'
+# static cache has no rows for it, and the generation export failed after loading the weights
+# (transformers 5.25, 11-25 s: "does not support ... scaled_dot_product_attention", with
+# --attention eager "'MambaConfig' object has no attribute 'num_attention_heads'", hybrids
+# "'LinearAttentionLayer' object has no attribute 'keys'"). Told from config.json: the model
+# types of recurrent families, the layer kinds of hybrid ones, the keys of a state-space or
+# convolution state.
+_RECURRENT_TYPES = ("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm")
+_LAYER_LISTS = ("layer_types", "block_types", "layers_block_type")
+_STATE_LAYERS = ("linear_attention", "conv", "hybrid", "hybrid_sliding", "recurrent", "mamba")
+_STATE_KEYS = ("mamba_d_state", "ssm_state_size", "state_size", "conv_L_cache", "lru_width")
 _KINDS = ("a causal LM (...ForCausalLM, ...LMHeadModel), Whisper, a text seq2seq model (T5, "
           "BART: ...ForConditionalGeneration), a text classifier or tagger "
           f"({', '.join('...' + h for h in _TEXT_HEADS)}), an image classifier, CLIPModel, "
@@ -99,12 +110,31 @@ def _kind(architecture: str, config: dict) -> Optional[str]:
     return None
 
 
+def _state_besides_a_kv_cache(config: dict) -> Optional[str]:
+    """What a causal LM's config says it keeps between tokens besides a KV cache of
+    attention, or None."""
+    for source in (config, config.get("text_config") or {}):
+        if source.get("model_type") in _RECURRENT_TYPES:
+            return "a recurrent state"
+        for key in _LAYER_LISTS:
+            kinds = source.get(key)
+            found = sorted({k for k in kinds if k in _STATE_LAYERS}) if isinstance(
+                kinds, list) else []
+            if found:
+                return f"the state of its {', '.join(found)} layers ({key})"
+        key = next((k for k in _STATE_KEYS if k in source), None)
+        if key is not None:
+            return f"a state-space or convolution state ({key})"
+    return None
+
+
 def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[int] = None,
-         max_prefill: Optional[int] = None) -> Plan:
+         max_prefill: Optional[int] = None, llm_kernels: bool = False) -> Plan:
     """What ``folder`` exports as, from its config.json alone (no torch, no weights): the
     class its ``architectures`` names. :class:`UsageError`, one line, for a class xnnfold hf
-    does not export, or ``tokens`` or (a causal LM with a ``cache``) cache sizes the model
-    cannot take."""
+    does not export, ``tokens`` or (a causal LM with a ``cache``) cache sizes the model
+    cannot take, or options of a KV cache (``max_cache``, ``max_prefill``, ``llm_kernels``)
+    for an export that has none."""
     config = _read_config(folder)
     architectures = config.get("architectures") or []
     model_type = str(config.get("model_type", "?"))
@@ -129,9 +159,45 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
     if kind not in (IMAGE_LOGITS, VISION_BASE) and positions is not None and tokens > positions:
         raise UsageError(f"--tokens {tokens} is beyond the model's {positions} positions "
                          f"({architecture})")
+    cache_options = [option for option, given in (
+        ("--max-cache", max_cache is not None), ("--max-prefill", max_prefill is not None),
+        ("--llm-kernels", llm_kernels)) if given]
     if kind == CAUSAL_LM and cache:
+        state = _state_besides_a_kv_cache(config)
+        if state is not None:
+            raise UsageError(f"{folder}: {architecture} (model type {model_type!r}) keeps "
+                             f"{state} between tokens: a generation .pte holds a KV cache of "
+                             "attention only (--no-cache exports its logits without a cache)")
         _check_cache(positions, tokens, max_cache, max_prefill)
+    elif kind in (WHISPER, SEQ2SEQ) and cache and max_cache is not None and \
+            not CHECK_STEPS + 1 <= max_cache <= (positions or max_cache):
+        raise UsageError(f"--max-cache {max_cache}: {CHECK_STEPS + 1} (the check's steps) to "
+                         f"the decoder's {positions} positions")
+    _refuse_unused(cache_options, kind, cache, architecture)
     return Plan(folder, kind, architecture, model_type, config, positions)
+
+
+def _refuse_unused(options: list, kind: str, cache: bool, architecture: str) -> None:
+    """Options of a KV cache (``options``: those given) that the export would ignore: one line
+    rather than an export without them."""
+    if kind in (WHISPER, SEQ2SEQ) and cache:
+        options = [o for o in options if o != "--max-cache"]   # its decoder's own cache
+    if not options or (kind == CAUSAL_LM and cache):
+        return
+    if not cache and kind in (CAUSAL_LM, WHISPER, SEQ2SEQ):
+        why = "options of a KV cache; --no-cache exports without one"
+    elif kind in (WHISPER, SEQ2SEQ):
+        why = (f"options of a causal LM's KV cache; {architecture}'s generation .pte takes "
+               "--max-cache only")
+    else:
+        why = (f"options of a KV cache; {architecture} has none (a causal LM's generation "
+               ".pte has one)")
+    raise UsageError(f"{' and '.join(options)}: {why}")
+
+
+def as_options(text: str) -> str:
+    """:func:`~xnnfold.export.llm.sizes.cache_sizes`' words in the command's options."""
+    return text.replace("max_cache", "--max-cache").replace("max_prefill", "--max-prefill")
 
 
 def _check_cache(positions: Optional[int], tokens: int, max_cache: Optional[int],
@@ -141,8 +207,7 @@ def _check_cache(positions: Optional[int], tokens: int, max_cache: Optional[int]
     try:
         rows, _ = cache_sizes(positions, max_cache, max_prefill)
     except ValueError as error:
-        raise UsageError(str(error).replace("max_cache", "--max-cache").replace(
-            "max_prefill", "--max-prefill"))
+        raise UsageError(as_options(str(error)))
     if tokens + CHECK_STEPS > rows:
         raise UsageError(f"--tokens {tokens}: the check runs {tokens} + {CHECK_STEPS} "
                          f"positions, the cache has {rows} rows (--max-cache)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -54,6 +55,7 @@ class GenerationPrograms:
     metadata: dict = field(default_factory=dict)
     max_cache: int = 0
     max_prefill: int = 0
+    capped: list = field(default_factory=list)   # each size capped, one line (sizes())
 
 
 def _text_config(model):
@@ -70,9 +72,17 @@ def positions_of(model) -> Optional[int]:
     return None
 
 
-def sizes(model, max_cache: Optional[int] = None, max_prefill: Optional[int] = None) -> tuple:
-    """(cache rows, longest prefill) of ``model``: :func:`xnnfold.export.llm.sizes.cache_sizes`."""
-    return cache_sizes(positions_of(model), max_cache, max_prefill)
+def sizes(model, max_cache: Optional[int] = None, max_prefill: Optional[int] = None,
+          said: Optional[list] = None) -> tuple:
+    """(cache rows, longest prefill) of ``model``: :func:`xnnfold.export.llm.sizes.cache_sizes`,
+    each size it capped said in a warning (and appended to ``said``)."""
+    capped: list = []
+    chosen = cache_sizes(positions_of(model), max_cache, max_prefill, capped)
+    for line in capped:
+        warnings.warn(f"{type(model).__name__}: {line}", stacklevel=3)
+    if said is not None:
+        said.extend(capped)
+    return chosen
 
 
 def _metadata(model, max_cache: int, max_prefill: int) -> dict:
@@ -124,7 +134,8 @@ def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
     Mixture-of-experts layers are exported as one cond per expert over its own XNNPACK
     delegate (:mod:`xnnfold.export.experts`). A model torch.export cannot take raises
     :class:`CannotExport`."""
-    max_cache, max_prefill = sizes(model, max_cache, max_prefill)
+    capped: list = []
+    max_cache, max_prefill = sizes(model, max_cache, max_prefill, capped)
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         raise ValueError(f"{type(model).__name__}.forward has no logits_to_keep: not a "
                          "transformers causal LM this export knows")
@@ -149,7 +160,8 @@ def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
                 dynamic_shapes={"input_ids": {1: length}, "cache_position": {0: length}},
                 strict=True)
     return GenerationPrograms({PREFILL: prefill, DECODE: decode},
-                              _metadata(model, max_cache, max_prefill), max_cache, max_prefill)
+                              _metadata(model, max_cache, max_prefill), max_cache, max_prefill,
+                              capped)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Sequence, Union
 
 import torch
 
-from ...pte.runner import load_llm_kernels
+from ...pte.runner import load_llm_kernels, verified_program
 
 PREFILL, DECODE = "prefill", "decode"
 
@@ -89,12 +89,10 @@ class Generator:
     """A generation-ready .pte (bytes or a path) loaded on the runtime."""
 
     def __init__(self, pte: Union[bytes, str, Path]):
-        from executorch.runtime import Runtime
-
         data = pte if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes()
         self._data = bytes(data)              # the loaded program reads from this buffer
         load_llm_kernels(self._data)
-        self._program = Runtime.get().load_program(self._data)
+        self._program = verified_program(self._data)
         methods = set(self._program.method_names)
         if not {PREFILL, DECODE} <= methods:
             raise NotAGenerationProgram(
@@ -120,8 +118,12 @@ class Generator:
                              f"{self.vocab_size - 1})")
         end = start + len(tokens) + max(0, new - 1)
         if end > self.max_cache:
-            raise ValueError(f"{len(tokens)} prompt token(s) + {new} new at position {start} "
-                             f"need {end} cache rows; this .pte has {self.max_cache}")
+            # what the .pte holds, not what was asked: a caller's warm-up asks other sizes
+            room = self.max_cache - start - len(tokens) + 1     # the first comes from prefill
+            raise ValueError(f"{len(tokens)} prompt token(s) at position {start} " + (
+                f"need {start + len(tokens)} cache rows; this .pte has {self.max_cache}"
+                if room < 1 else f"leave room for {room} new token(s) in this .pte's "
+                f"{self.max_cache} cache rows"))
 
     def prefill(self, tokens: Sequence[int], start: int = 0) -> torch.Tensor:
         """Write ``tokens`` into the cache from position ``start``; the last one's logits,

@@ -12,17 +12,27 @@ DEFAULT_MAX_PREFILL = 128
 
 
 def cache_sizes(positions: Optional[int], max_cache: Optional[int] = None,
-                max_prefill: Optional[int] = None) -> tuple:
+                max_prefill: Optional[int] = None, said: Optional[list] = None) -> tuple:
     """(cache rows, longest prefill) for a model of ``positions`` positions (None: no limit),
-    defaults applied; ``ValueError`` (one line) on sizes that cannot work."""
-    if max_cache is None:
-        max_cache = min(DEFAULT_MAX_CACHE, positions or DEFAULT_MAX_CACHE)
-    if max_cache < 2:
+    the defaults where None. Each is capped by what holds it, asked or the default, for
+    ``xnnfold hf`` and ``xnnfold.export.llm`` alike: the cache by the model's positions, the
+    prefill by the cache; a line saying so is appended to ``said`` (but for the default
+    prefill, which follows the cache). ``ValueError`` (one line) on sizes that cannot work."""
+    said = [] if said is None else said
+    if max_cache is not None and max_cache < 2:
         raise ValueError(f"max_cache {max_cache}: a cache needs at least 2 rows")
-    if positions is not None and max_cache > positions:
-        raise ValueError(f"max_cache {max_cache} is beyond the model's {positions} positions")
+    if max_prefill is not None and max_prefill < 1:
+        raise ValueError(f"max_prefill {max_prefill}: a prefill takes at least 1 token")
+    rows = DEFAULT_MAX_CACHE if max_cache is None else max_cache
+    if positions is not None and rows > positions:
+        said.append(f"max_cache {rows}{' (the default)' if max_cache is None else ''} is "
+                    f"beyond the model's {positions} positions: a cache of {positions} rows")
+        rows = positions
+    if rows < 2:
+        raise ValueError(f"the model has {rows} position(s): a cache needs at least 2 rows")
     if max_prefill is None:
-        max_prefill = min(DEFAULT_MAX_PREFILL, max_cache)
-    if not 1 <= max_prefill <= max_cache:
-        raise ValueError(f"max_prefill {max_prefill}: expected 1 to max_cache ({max_cache})")
-    return max_cache, max_prefill
+        return rows, min(DEFAULT_MAX_PREFILL, rows)
+    if max_prefill > rows:
+        said.append(f"max_prefill {max_prefill} is beyond the cache's {rows} rows: prefills "
+                    f"of up to {rows} tokens")
+    return rows, min(max_prefill, rows)

@@ -10,10 +10,13 @@ import logging
 from torch.export import ExportedProgram
 
 from ...errors import warn_or_raise
-from ...validity import sync_output_specs
+from ...graph.validity import sync_output_specs
+from ..protocol import Context, Outcome
 from . import matmul, sdpa, shared
-from .common import AttentionRewrite, Emitter
-from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK, SDPA
+from ...graph.emit import Emitter
+from .record import AttentionRewrite
+from ...graph.sdpa import SDPA
+from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK
 
 logger = logging.getLogger("xnnfold")
 
@@ -55,3 +58,13 @@ def rewrite_attention(program: ExportedProgram) -> list:
         program.graph_module.recompile()
         sync_output_specs(program)     # an attention the model returns is a new node now
     return records
+
+
+class AttentionStep:
+    name = "attention"
+
+    def run(self, program: ExportedProgram, context: Context) -> Outcome:
+        return Outcome(rewrite_attention(program))
+
+
+STEP = AttentionStep()

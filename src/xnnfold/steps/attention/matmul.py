@@ -19,8 +19,8 @@ import torch
 import torch.fx
 
 from . import quantized
-from ...node_meta import tensor_val
-from .common import MAX_RANK, Emitter, reshape_arg, static_shape
+from ...graph.node_meta import tensor_val
+from ...graph.emit import MAX_RANK, Emitter, reshape_arg, static_shape
 from .restride import replace_uses
 
 aten = torch.ops.aten

@@ -37,28 +37,11 @@ this module names the dequantized inputs for ``explain``.
 
 from __future__ import annotations
 
-import torch
 import torch.fx
 
-aten = torch.ops.aten
-# Ops that only move or view data, between a dequantize and the attention that reads it
-# (MHA's packed projection: unflatten, unsqueeze, transpose, squeeze, select, view).
-_LAYOUT = (aten.view.default, aten.reshape.default, aten.transpose.int, aten.permute.default,
-           aten.contiguous.default, aten.unflatten.int, aten.unsqueeze.default,
-           aten.expand.default, aten.clone.default, aten.select.int, aten.squeeze.dim,
-           aten.squeeze.dims, aten.slice.Tensor)
+from ...analysis import dequantized
+
 READS_DEQUANTIZED = "reads dequantized int8: the attention in fp32, as the converted module"
-
-
-def dequantized(node) -> bool:
-    """True if ``node`` is, through layout ops only, the output of a dequantize."""
-    while isinstance(node, torch.fx.Node) and node.op == "call_function":
-        if "dequantize" in str(node.target):
-            return True
-        if node.target not in _LAYOUT:
-            return False
-        node = node.args[0]
-    return False
 
 
 def note(proven: str, operands) -> str:

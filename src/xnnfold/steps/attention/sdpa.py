@@ -33,26 +33,16 @@ import torch
 import torch.fx
 
 from . import quantized
-from ...node_meta import tensor_val
-from .common import MAX_RANK, Emitter, reshape_arg, static_shape
+from ...graph.node_meta import tensor_val
+from ...graph.emit import MAX_RANK, Emitter, reshape_arg, reshape_source, static_shape
+from ...graph.sdpa import mask_parts, sdpa_args
 from .restride import replace_uses
 
 aten = torch.ops.aten
-SDPA = aten.scaled_dot_product_attention.default
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 NO_MASK = "no mask"
 CAUSAL = "causal, no empty row"
 KEEP_FACTOR = "mask: fully-masked rows handled by keep factor"
-
-
-def sdpa_args(node: torch.fx.Node) -> dict:
-    """The SDPA call's arguments by name, defaults filled in."""
-    args = dict(zip(_SDPA_ARGS, node.args))
-    args.update(node.kwargs)
-    defaults = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
-                "enable_gqa": False}
-    return {**defaults, **args}
 
 
 def why_kept(node: torch.fx.Node) -> Optional[str]:
@@ -104,23 +94,6 @@ def _mask_3d(q: torch.Tensor, m: torch.Tensor) -> Optional[list]:
     return None
 
 
-def _mask_parts(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype) -> tuple:
-    """(additive float mask with no fully blocked row, 0/1 keep factor per row), both
-    computed on the mask's own size."""
-    if tensor_val(mask).dtype == torch.bool:
-        # The bool mask is read once, by ``where``, as stock's decomposition reads it: a byte
-        # other than 0 or 1 (an uninitialized buffer: executorch's llama example materializes
-        # its causal mask with ``to_empty``) is True there, as in eager, whereas the runtime's
-        # logical ops and casts would take its bits as they are (``logical_not`` of 0x5A is
-        # 0x5B, its cast to float 90.0).
-        mask = emit(aten.where.self, mask, emit(aten.scalar_tensor.default, 0.0, dtype=dtype),
-                    emit(aten.scalar_tensor.default, float("-inf"), dtype=dtype))
-    alive = emit(aten.any.dim, emit(aten.ne.Scalar, mask, float("-inf")), -1, True)
-    additive = emit(aten.masked_fill.Scalar, mask, emit(aten.logical_not.default, alive), 0.0)
-    keep = emit(aten.to.dtype, alive, dtype)
-    return additive, keep
-
-
 def _causal_mask(emit: Emitter, rows, cols, dtype: torch.dtype) -> torch.fx.Node:
     """Additive top-left causal mask [rows, cols], built at run time like stock builds it."""
     allowed = emit(aten.tril.default, emit(aten.ones.default, [rows, cols], dtype=torch.bool))
@@ -141,7 +114,7 @@ def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
 
     additive, keep, proven = None, None, NO_MASK
     if mask is not None:
-        additive, keep = _mask_parts(emit, mask, qv.dtype)
+        additive, keep = mask_parts(emit, mask, qv.dtype)
         proven = KEEP_FACTOR
     elif a["is_causal"]:
         # A dynamic size is read from q / k at run time, as stock's causal mask reads it.
@@ -150,7 +123,7 @@ def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
         additive, proven = _causal_mask(emit, rows, cols, qv.dtype), CAUSAL
 
     def reshape(x, shape):
-        return emit(aten.reshape.default, x, reshape_arg(shape))
+        return reshape_source(x, shape) or emit(aten.reshape.default, x, reshape_arg(shape))
 
     q3 = reshape(emit(aten.mul.Tensor, q, scale), [batch, L, E])
     k3 = emit(aten.transpose.int, reshape(k, [batch, S, E]), 1, 2)

@@ -8,15 +8,17 @@ cast; or ``ones``, ``tril``, ``zeros``, ``masked_fill``): a model of N layers co
 times on one mask. Portable's ``where`` alone costs about 18 ns per mask element (measured:
 BERT, 4 layers, 128 tokens, 1.15 ms per run; wav2vec2, 200 frames, 2.95 ms).
 
-Nodes the step emitted that apply the same pure op to the same inputs with the same
-arguments are merged into the first of them (graph order, so it comes before every user of
-the others). The values are the same by construction.
+Nodes the step emitted that apply the same pure op to the same values with the same
+arguments are merged into the first node holding that value (graph order, so it comes before
+every user of the others; :func:`xnnfold.graph.values.merge_repeats`).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.fx
+
+from ...graph import values
 
 aten = torch.ops.aten
 # The ops of the mask bookkeeping (sdpa._mask_parts, sdpa._causal_mask): pure, no randomness.
@@ -27,25 +29,7 @@ _MASK_OPS = frozenset({
 })
 
 
-def _key(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_key(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _key(v)) for k, v in value.items()))
-    return value
-
-
 def merge_repeats(graph: torch.fx.Graph, created: set) -> int:
     """Merge the repeated mask computations among ``created`` (nodes the step emitted);
     return how many nodes went."""
-    first, merged = {}, 0
-    for node in list(graph.nodes):
-        if node not in created or node.target not in _MASK_OPS:
-            continue
-        key = (node.target, _key(node.args), _key(node.kwargs))
-        kept = first.setdefault(key, node)
-        if kept is not node:
-            node.replace_all_uses_with(kept)
-            graph.erase_node(node)
-            merged += 1
-    return merged
+    return values.merge_repeats(graph, created, _MASK_OPS)

@@ -1,134 +1,135 @@
-"""Fold: evaluate the planned nodes, replace them by constants, drop what they freed.
+"""The fold step: the static computation of each GEMM's weight and bias, folded into constants.
 
-Works on a copy of the program; the caller's ExportedProgram is never touched. The copy shares
-tensor data with the original (nothing here writes into a tensor), so copying costs graph size,
-not model size.
+In one place: MHA's packed in-projections split into one linear per part
+(:mod:`xnnfold.steps.projections`), the operands analysed (:mod:`xnnfold.analysis`), the nodes
+to fold planned in groups (:mod:`.plan`), judged by the rules (:mod:`.rules`) and by XNNPACK's
+verdict (the probe, :mod:`.probe`), evaluated (:mod:`.evaluate`) and folded into a copy of the
+program (:mod:`.apply`); folded again without the groups XNNPACK takes none of, until the probe
+agrees; and each split whose parts were not all folded and delegated undone (rule *split*), so
+that each site ends either fully split, folded and delegated, or exactly as it was.
+
+Its records: each packed projection (split or kept) and a :class:`FoldSummary`; it sets the
+context's ``operands`` (one row per GEMM weight and bias), ``constants``, ``freed_params`` and
+``probe_rounds``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
-import torch
-import torch.fx
-from executorch.backends.transforms.utils import (
-    create_constant_placeholder,
-    delete_constant_placeholder,
-)
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
 
-from ...analysis import is_metadata_assertion
-from ...errors import FoldError, at_node
-from ...node_meta import tensor_val
-from ...program_copy import copy_with_nodes
-from .evaluate import ConeEvaluator, own_storage
+from ...analysis import ProgramFacts, find_operands, find_static
+from ...decision import Found
+from ...graph.program_copy import copy_with_nodes
+from .rows import describe
+from ..projections import find_packed_projections, split_packed_projections
+from ..protocol import Context, Outcome, Probe
+from . import plan, rules
+from .apply import Folded, apply_folds
+from .evaluate import ConeEvaluator
 
-CONSTANT_PREFIX = "_xnnfold_"
+
+@dataclass(frozen=True)
+class FoldSummary:
+    """What the fold put into the program and took out of it."""
+
+    constants: tuple = ()          # the folded constants' names
+    freed_params: tuple = ()       # the params nothing reads any more, dropped
+    probe_rounds: int = 0
+
+    @property
+    def rewritten(self) -> bool:
+        return bool(self.constants)
+
+    def describe(self) -> str:
+        if not self.constants:
+            return "fold step: nothing folded"
+        return (f"fold step: {len(self.constants)} constant(s) folded; freed params: "
+                f"{', '.join(self.freed_params) or 'none'}; probe rounds: {self.probe_rounds}")
 
 
 @dataclass
-class FoldedConstant:
-    """One constant xnnfold put into the program."""
+class _Round:
+    """One fold of a program: the program and the record of it."""
 
-    name: str                     # placeholder name in the folded program
-    source: str                   # the node it replaces
-    consumers: list               # names of the GEMMs (or dequantize) reading it
-    shape: tuple
-    dtype: torch.dtype
-
-
-@dataclass
-class Folded:
     program: ExportedProgram
-    constants: list = field(default_factory=list)   # FoldedConstant
-    freed_params: list = field(default_factory=list)  # state_dict / constants keys dropped
+    operands: list
+    folded: Optional[Folded] = None
+    probe_rounds: int = 0
+    constants: list = field(default_factory=list)
 
 
-def _constant_name(source: str, graph: torch.fx.Graph) -> str:
-    taken = {n.name for n in graph.nodes}
-    name, index = f"{CONSTANT_PREFIX}{source}", 1
-    while name in taken:
-        name, index = f"{CONSTANT_PREFIX}{source}_{index}", index + 1
-    return name
+def fold_and_probe(facts: ProgramFacts, probe: Optional[Probe], rule_set) -> _Round:
+    """Plan and fold ``facts.ep``; ask the probe which GEMMs XNNPACK takes, and fold again
+    without the groups it takes none of, until the probe agrees. Each round folds into a fresh
+    copy of ``facts.ep``; values are evaluated once, for all rounds."""
+    program = facts.ep
+    operands = find_operands(program, facts)
+    targets = [op.target for op in operands if op.status == Found.TARGET]
+    groups = plan.group_fold_nodes(plan.fold_nodes(targets))
+    rules.apply(groups, facts, rule_set.before_probe)
+    evaluator = ConeEvaluator(facts)
+
+    folded, rounds = None, 0
+    # Each round that changes anything declines at least one more group: this terminates.
+    for _ in range(len(groups) + 1):
+        members = [m for g in groups for m in g.to_fold]
+        if not members:
+            folded = None
+            break
+        folded = apply_folds(program, evaluator, members)
+        if probe is None:
+            break
+        rounds += 1
+        names = {c.source: c.name for c in folded.constants}
+        taken = probe(folded.program, folded.constants)
+        for member in members:
+            member.delegated = names[member.name] in taken
+        if not rules.apply(groups, facts, rule_set.after_probe):
+            break
+    names = {c.source: c.name for c in folded.constants} if folded else {}
+    return _Round(folded.program if folded else program, describe(operands, groups, names),
+                  folded, rounds)
 
 
-def _insertion_point(ep: ExportedProgram) -> torch.fx.Node:
-    """The first user input: lifted constants must come before user inputs."""
-    user_inputs = {s.arg.name for s in ep.graph_signature.input_specs
-                   if s.kind == InputKind.USER_INPUT}
-    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
-    first_user = next((n for n in placeholders if n.name in user_inputs), None)
-    if first_user is not None:
-        return first_user
-    return next(n for n in ep.graph.nodes if n.op != "placeholder")
+class FoldStep:
+    name = "fold"
+
+    def run(self, program: ExportedProgram, context: Context) -> Outcome:
+        facts = find_static(program)
+        sites, kept = find_packed_projections(facts), []
+        while True:
+            program_facts = facts
+            if sites:   # a split round: a copy of the program, split and analysed
+                split, nodes = copy_with_nodes(program)
+                split_packed_projections(split, sites, nodes)
+                context.check(split, "projections")
+                program_facts = find_static(split)
+            done = fold_and_probe(program_facts, context.probe, context.rules)
+            context.check(done.program, self.name)
+            rows = {(row.gemm, row.role): row for row in done.operands}
+            newly_kept = [s for s in sites if _kept(s, rows)]
+            if not newly_kept:
+                break
+            kept += newly_kept
+            sites = [s for s in sites if s not in newly_kept]
+        for site in kept:
+            site.part_linears = {}
+        folded = done.folded
+        context.operands = done.operands
+        context.constants = folded.constants if folded else []
+        context.freed_params = folded.freed_params if folded else []
+        context.probe_rounds = done.probe_rounds
+        summary = FoldSummary(tuple(c.name for c in context.constants),
+                              tuple(context.freed_params), done.probe_rounds)
+        return Outcome(sites + kept + [summary], done.program)
 
 
-def new_constant(program: ExportedProgram, source: str, value: torch.Tensor) -> torch.fx.Node:
-    """A lifted constant placeholder holding ``value`` (in its own storage already), named
-    after the node ``source`` it stands for."""
-    graph = program.graph
-    with graph.inserting_before(_insertion_point(program)):
-        return create_constant_placeholder(program, graph, _constant_name(source, graph),
-                                           InputKind.CONSTANT_TENSOR, value)
+def _kept(site, rows: dict) -> bool:
+    site.kept_because = rules.split_kept(site, rows)
+    return site.kept_because is not None
 
 
-def _checked_value(node: torch.fx.Node, value) -> torch.Tensor:
-    """The evaluated value, in its own storage, after checking it is what the graph expects."""
-    expected = tensor_val(node)
-    if not isinstance(value, torch.Tensor) or expected is None:
-        raise FoldError(node.name, "evaluated to a non-tensor")
-    if tuple(value.shape) != tuple(expected.shape) or value.dtype != expected.dtype:
-        raise FoldError(node.name, f"evaluated to {tuple(value.shape)} {value.dtype}, the graph "
-                                   f"expects {tuple(expected.shape)} {expected.dtype}")
-    return own_storage(value)
-
-
-def apply_folds(ep: ExportedProgram, evaluator: ConeEvaluator, members: list) -> Folded:
-    """Fold ``members`` (plan.FoldNode, nodes of ``ep``) into constants, in a copy of ``ep``.
-
-    ``evaluator`` evaluates nodes of ``ep`` (and keeps their values across the probe rounds).
-    """
-    program, nodes = copy_with_nodes(ep)
-    folded = Folded(program)
-    graph = program.graph
-    users_before = {n: len(n.users) for n in graph.nodes if n.op == "placeholder"}
-
-    for member in members:
-        with at_node(member.node, "folding"):
-            value = _checked_value(member.node, evaluator.value(member.node))
-            constant = new_constant(program, member.name, value)
-            for consumer in member.consumers:
-                nodes[consumer].replace_input_with(nodes[member.node], constant)
-            folded.constants.append(FoldedConstant(
-                constant.name, member.name, [c.name for c in member.consumers],
-                tuple(value.shape), value.dtype))
-
-    # Drop the cone nodes nothing reads any more (latest first), then the params they freed.
-    cone = {nodes[n] for m in members for n in m.cone}
-    for node in reversed(list(graph.nodes)):
-        if node not in cone:
-            continue
-        if all(is_metadata_assertion(u) for u in node.users):
-            for assertion in list(node.users):
-                graph.erase_node(assertion)
-            graph.erase_node(node)
-    signature = program.graph_signature
-    targets = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
-               **signature.inputs_to_lifted_tensor_constants}
-    for node in [n for n in graph.nodes if n.op == "placeholder"]:
-        if node.name not in targets or len(node.users) >= users_before.get(node, 0):
-            continue   # not a param, or the fold took none of its users
-        # ``.to()`` asserts the metadata of the *param* it casts: once the cast is folded, the
-        # assertion is all that keeps the param alive. It holds by construction on a value
-        # that never changes, so it goes with the param (as plan.freed_nodes counts it).
-        if node.users and all(is_metadata_assertion(u) for u in node.users):
-            for assertion in list(node.users):
-                graph.erase_node(assertion)
-        if not node.users:
-            folded.freed_params.append(targets[node.name])
-            delete_constant_placeholder(program, node)
-
-    graph.lint()
-    program.graph_module.recompile()
-    return folded
+STEP = FoldStep()

@@ -13,8 +13,11 @@ Each such attention (:mod:`.pattern`) is rewritten, on the pass's own copy of th
   the rows of one product with the cache, nothing repeated; runs on any runtime with XNNPACK
   and the portable kernels;
 - with ``llm_kernels=True`` (:mod:`.llm_kernels`), where the positions and the mask are proven
-  (:mod:`.positions`), onto executorch's ``llama::update_cache`` (in place) and
-  ``llama::custom_sdpa`` (only the rows up to the position), the kernels of its own LLM flow.
+  (:mod:`.positions`, :mod:`.mask_proof`), onto executorch's ``llama::update_cache`` (in place)
+  and ``llama::custom_sdpa`` (only the rows up to the position), the kernels of its own LLM flow.
+
+An attention is an SDPA (:mod:`.pattern`) or written out op by op (:mod:`.eager`: Gemma2's
+soft-capping, ALiBi biases); the latter keeps its own ops on the scores (:mod:`.scores`).
 
 An attention the step does not take is left as it was and says why; one it does not recognise
 as reading a cache is not its business (the attention step, next, rewrites it as any other).
@@ -23,59 +26,20 @@ as reading a cache is not its business (the attention step, next, rewrites it as
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Optional
 
-import torch
 from torch.export import ExportedProgram
 
 from ...analysis import static_inputs
 from ...errors import warn_or_raise
-from ..attention.common import Emitter
-from . import grouped, layout, llm_kernels, pattern, positions
+from ...graph.emit import Emitter
+from ...graph.sdpa import SDPA
+from ...graph.values import ValueNumbers, written_placeholders
+from ..protocol import Context, Outcome
+from . import eager, grouped, layout, llm_kernels, mask_proof, pattern, positions
+from .record import KVCacheRewrite, UPDATE_LEFT, attention_left, grouped_kernels
 
 logger = logging.getLogger("xnnfold")
-
-PORTABLE_KERNELS = "XNNPACK + portable"
-# What the default rewrite leaves outside XNNPACK, and why (explain lists it per attention).
-UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): index_put copies "
-               "the whole cache and the runtime writes it back with copy_, unless to_executorch "
-               "runs with ExecutorchBackendConfig(run_reinplace_pass=True) (as xnnfold.export.llm's "
-               ".pte does), which updates it in place; llm_kernels=True makes it "
-               "llama::update_cache, in place")
-MASK_LEFT = "the mask is made additive on portable, once per program, on its own [L, S]"
-
-
-@dataclass(frozen=True)
-class KVCacheRewrite:
-    """One attention over a KV cache: rewritten (``kernels`` it then needs, ``proven`` what
-    makes it exact) or kept as it was (``kept_because``)."""
-
-    node: str
-    caches: tuple = ()
-    kernels: Optional[str] = None
-    proven: Optional[str] = None
-    kept_because: Optional[str] = None
-    left: tuple = ()          # what stays outside XNNPACK, and why
-    llm_declined: Optional[str] = None   # why llm_kernels=True could not be used here
-
-    @property
-    def rewritten(self) -> bool:
-        return self.kept_because is None
-
-    def describe(self) -> str:
-        caches = f" over {' / '.join(self.caches)}" if self.caches else ""
-        if not self.rewritten:
-            return f"kv_cache step: attention {self.node}{caches} kept as it was: " \
-                   f"{self.kept_because}"
-        text = (f"kv_cache step: attention {self.node}{caches} rewritten for {self.kernels} "
-                f"({self.proven})")
-        if self.llm_declined:
-            text += f"; llm_kernels not used: {self.llm_declined}"
-        for note in self.left:
-            text += f"; {note}"
-        return text
-
 
 class _Context:
     """What the rewrites of one program share: facts, proofs, the mask parts, the item()."""
@@ -85,8 +49,8 @@ class _Context:
         names = static_inputs(program)
         self.static = {n: names[n.name] for n in program.graph.nodes
                        if n.op == "placeholder" and n.name in names}
-        self.written = set(pattern.written_placeholders(program))
-        self.numbers = positions.ValueNumbers(program.graph, self.written)
+        self.written = set(written_placeholders(program))
+        self.numbers = ValueNumbers(program.graph, self.written)
         self.proofs: dict = {}
         self.masks = grouped.MaskParts()
         self.started: dict = {}
@@ -99,7 +63,8 @@ class _Context:
         self.masks.forget(erased)
 
     def proof(self, attention: pattern.CacheAttention, start) -> tuple:
-        """(proven causal, why not) for this attention's mask and start position."""
+        """(what the mask is proven to be, or False; why not) for this attention's mask and
+        start position (:func:`.mask_proof.prove_mask`)."""
         if attention.mask is None:
             return False, "no mask: every cache row is attended"
         if start is None:
@@ -107,10 +72,11 @@ class _Context:
         rows = attention.query.meta["val"].shape[2]      # an int, or a dynamic length
         key = (attention.mask, start, str(rows))
         if key not in self.proofs:
-            self.proofs[key] = positions.prove_mask(
+            self.proofs[key] = mask_proof.prove_mask(
                 attention.mask, start, rows, attention.key.shape[2], self.static, self.written,
                 self.numbers)
-        return self.proofs[key]
+        proven, text = self.proofs[key]
+        return (text if proven else False), (None if proven else text)
 
 
 def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False) -> list:
@@ -123,15 +89,23 @@ def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False
         llm_kernels.load_kernels()
     context, records = _Context(program), []
     for node in list(program.graph.nodes):
-        if node.op != "call_function" or node.target is not pattern.SDPA:
+        if node.op != "call_function" or node.target not in (SDPA,) + eager.SOFTMAXES:
             continue
-        match = pattern.match_attention(node, updates)
-        if match is None:
-            continue
-        if isinstance(match, str):
-            records.append(KVCacheRewrite(node.name, kept_because=match))
-            continue
-        records.append(_rewrite_one(context, match, llm_kernels_wanted))
+        # the match and the proofs too: a failure anywhere keeps this attention as stock has
+        # it (what _rewrite_one emitted is undone there), and only it
+        try:
+            match = pattern.match_attention(node, updates) if node.target is SDPA \
+                else eager.match_eager(node, updates)
+            if match is None:
+                continue
+            if isinstance(match, str):
+                records.append(KVCacheRewrite(node.name, kept_because=match))
+                continue
+            records.append(_rewrite_one(context, match, llm_kernels_wanted))
+        except Exception as error:  # noqa: BLE001 - this attention stays as stock has it
+            reason = f"internal failure, left as stock leaves it: {type(error).__name__}: {error}"
+            warn_or_raise(logger, "xnnfold: kv_cache attention %r %s", node.name, reason)
+            records.append(KVCacheRewrite(node.name, kept_because=reason))
     if any(r.rewritten for r in records):
         program.graph.eliminate_dead_code()
         program.graph.lint()
@@ -158,7 +132,7 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
     try:
         if llm_wanted and in_place is None:
             return _llm(context, emit, attention, start, name, caches, proven,
-                        None if proven else why_not)
+                        llm_kernels.why_not_custom_sdpa(attention, proven, why_not))
         if private is None:
             how = _flat(context, emit, attention, proven)
         else:
@@ -169,19 +143,14 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
         reason = f"internal failure, left as stock leaves it: {type(error).__name__}: {error}"
         warn_or_raise(logger, "xnnfold: kv_cache attention %r %s", name, reason)
         return KVCacheRewrite(name, caches, kept_because=reason)
-    left = (UPDATE_LEFT,) + ((MASK_LEFT,) if attention.mask is not None else ())
-    return KVCacheRewrite(name, caches, grouped_kernels(attention), how, left=left,
+    return KVCacheRewrite(name, caches, grouped_kernels(attention), how,
+                          left=(UPDATE_LEFT,) + attention_left(attention),
                           llm_declined=in_place if llm_wanted else None)
-
-
-def grouped_kernels(attention) -> str:
-    return PORTABLE_KERNELS + (f", {attention.groups} query heads per KV head, not repeated"
-                               if attention.groups > 1 else "")
 
 
 def _why_not_private(context: _Context, attention: pattern.CacheAttention) -> Optional[str]:
     """Why the caches are not this attention's alone (then they keep their shape), or None."""
-    chain = set(attention.repeats) | {attention.sdpa}
+    chain = set(attention.repeats) | set(attention.between) | {attention.sdpa}
     for node in [attention.key.node, attention.value.node] + attention.repeats:
         others = [u for u in node.users if u not in chain]
         if others:
@@ -241,9 +210,31 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
             layout.restore_buffer(context.program, update, emit.fake_mode)
         raise
     context.relaid.update(u.buffer for u in relaid)
-    left = () if sdpa_declined is None else (MASK_LEFT,)
+    left = () if sdpa_declined is None else attention_left(attention)
     return KVCacheRewrite(name, caches, kernels,
                           f"rows P .. P + L - 1 written in place; {how}; the cache kept as "
                           "[B * Hkv, S, 1, D], the same bytes", left=left,
                           llm_declined=None if sdpa_declined is None else
                           f"custom_sdpa: {sdpa_declined}")
+
+
+class KVCacheStep:
+    name = "kv_cache"
+
+    def run(self, program: ExportedProgram, context: Context) -> Outcome:
+        return Outcome(rewrite_kv_caches(program, context.llm_kernels))
+
+    def summary(self, records: list) -> Optional[str]:
+        """Which kernels the lowered program needs, after this step."""
+        if not records:
+            return None
+        custom = sorted({k.strip() for r in records if r.rewritten and r.kernels
+                         for k in r.kernels.split(",") if "::" in k})
+        if not custom:
+            return "kernels the .pte needs: XNNPACK and the portable kernels (any runtime)"
+        return (f"kernels the .pte needs: XNNPACK, the portable kernels and executorch's LLM "
+                f"custom ops {', '.join(custom)} (a runtime built with them: the wheel's "
+                "pybindings, apps linking executorch's custom_ops)")
+
+
+STEP = KVCacheStep()

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..attention.common import Emitter
-from ...node_meta import tensor_val
+from ...graph.emit import Emitter
+from ...graph.node_meta import tensor_val
 from .pattern import CacheUpdate
 
 aten = torch.ops.aten

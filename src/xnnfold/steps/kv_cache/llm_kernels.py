@@ -24,14 +24,17 @@ masked ones, whose softmax weight is exactly 0 in eager.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
 
-from ..attention.common import Emitter
-from ...node_meta import tensor_val
+from ...graph.emit import Emitter
+from ...graph.node_meta import tensor_val
 from . import layout
 from .pattern import CacheAttention, CacheUpdate
+from .positions import CAUSAL
 
 aten = torch.ops.aten
 UPDATE = "llama::update_cache"
@@ -105,3 +108,19 @@ def erase_old(graph: torch.fx.Graph, attention: CacheAttention) -> None:
         graph.erase_node(node)
     for update in (attention.key, attention.value):
         graph.erase_node(update.node)
+
+
+def why_not_custom_sdpa(attention: CacheAttention, proven, why_not) -> Optional[str]:
+    """Why ``llama::custom_sdpa`` (softmax of ``q K^T * scale`` under the causal mask from the
+    position, rows 0 .. P + l only) does not compute this attention, or None."""
+    if attention.scores is not None:
+        return ("an eager attention: custom_sdpa computes none of its own ops on the scores "
+                "(soft-capping, a bias)")
+    if attention.value_dim != attention.key.shape[3]:
+        return (f"a value head size {attention.value_dim} beside the key's "
+                f"{attention.key.shape[3]}: custom_sdpa takes caches of one size")
+    if proven == CAUSAL:
+        return None
+    if proven:
+        return f"the mask is {proven}: custom_sdpa attends every row up to the position"
+    return why_not

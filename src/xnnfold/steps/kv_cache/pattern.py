@@ -24,14 +24,14 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from ..attention.quantized import dequantized
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
+from ...graph.sdpa import sdpa_args
+from ...graph.values import written_placeholders
+from . import pairing
 
 aten = torch.ops.aten
-SDPA = aten.scaled_dot_product_attention.default
 _UPDATES = (aten.index_copy_.default, aten.index_put_.default)
-_RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
 
 
 @dataclass
@@ -58,27 +58,15 @@ class CacheAttention:
     mask: Optional[torch.fx.Node]
     scale: float
     repeats: list = field(default_factory=list)   # nodes repeating k and v (erased after)
+    # an eager attention (:mod:`.eager`): the ops on the scores between the two products, in
+    # eager's order, ``sdpa`` the product with V it replaces; None for an SDPA
+    scores: Optional[tuple] = None
+    between: tuple = ()      # its nodes from the weights back to the key's transpose, users first
 
-
-def sdpa_args(node: torch.fx.Node) -> dict:
-    args = dict(zip(_SDPA_ARGS, node.args))
-    args.update(node.kwargs)
-    return {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
-            "enable_gqa": False, **args}
-
-
-def written_placeholders(program: ExportedProgram) -> dict:
-    """{placeholder: [nodes writing into it in place]} (an op whose schema marks the argument
-    ``Tensor(a!)``, given the placeholder itself)."""
-    writes: dict = {}
-    for node in program.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        for argument, given in zip(node.target._schema.arguments, node.args):
-            if argument.alias_info is not None and argument.alias_info.is_write and \
-                    isinstance(given, torch.fx.Node) and given.op == "placeholder":
-                writes.setdefault(given, []).append(node)
-    return writes
+    @property
+    def value_dim(self) -> int:
+        """The value's head size (the output's), which may differ from the key's."""
+        return self.value.shape[3]
 
 
 def buffer_targets(program: ExportedProgram) -> dict:
@@ -147,7 +135,7 @@ def _unpadded(shape) -> list:
 
 
 def _through_reshape(node):
-    return node.args[0] if node.op == "call_function" and node.target in _RESHAPES else None
+    return node.args[0] if node.op == "call_function" and node.target in RESHAPES else None
 
 
 def ungroup(node: torch.fx.Node, heads: int) -> Optional[tuple]:
@@ -199,15 +187,15 @@ def match_attention(node: torch.fx.Node, updates: dict):
         else:
             ungrouped = ungroup(a[name], heads) if heads is not None else None
             if ungrouped is None:
-                return None if not _reads_update(a[name], updates) else \
+                return None if not reads_update(a[name], updates) else \
                     f"its {name} is read from a cache in a way the step does not recognise"
             source, groups, chain = ungrouped
         if source not in updates:
-            return None if not _reads_update(a[name], updates) else \
+            return None if not reads_update(a[name], updates) else \
                 f"its {name} is read from a cache through ops the step does not recognise"
         found.append((updates[source], groups, chain))
     (key, gk, kchain), (value, gv, vchain) = found
-    reason = _why_not(node, a, q, key, value, gk, gv)
+    reason = pairing.why_not_sdpa(a, q, key, value, gk, gv)
     if reason:
         return reason
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -215,7 +203,7 @@ def match_attention(node: torch.fx.Node, updates: dict):
                           kchain + vchain)
 
 
-def _reads_update(node: torch.fx.Node, updates: dict, depth: int = 6) -> bool:
+def reads_update(node: torch.fx.Node, updates: dict, depth: int = 6) -> bool:
     """Whether ``node`` is computed from an updated cache within a few ops."""
     todo, seen = [(node, 0)], set()
     while todo:
@@ -227,38 +215,3 @@ def _reads_update(node: torch.fx.Node, updates: dict, depth: int = 6) -> bool:
         seen.add(current)
         todo += [(i, level + 1) for i in current.all_input_nodes]
     return False
-
-
-def _why_not(node, a, q, key: CacheUpdate, value: CacheUpdate, gk: int, gv: int
-             ) -> Optional[str]:
-    if a["dropout_p"] != 0.0:
-        return f"dropout_p={a['dropout_p']}"
-    if a["is_causal"]:
-        return "is_causal=True over a cache (top-left aligned): not a decode attention"
-    if q.dtype != torch.float32 or any(tensor_val(u.buffer).dtype != torch.float32
-                                      for u in (key, value)):
-        return f"dtype {q.dtype}: the rewrite is for fp32 caches"
-    if q.dim() != 4:
-        return f"a {q.dim()}-D query, not [B, H, L, D]"
-    if any(dequantized(x) for x in (a["query"], key.rows, value.rows)):
-        return ("q, k or v is dequantized (static int8): XNNPACK would take the attention's "
-                "ops as quantized ones")
-    (b, hkv, s, d), (vb, vh, vs, vd) = key.shape, value.shape
-    if (b, hkv, s) != (vb, vh, vs) or gk != gv or gk < 1 or q.shape[1] != hkv * gk:
-        return (f"key cache {key.shape}, value cache {value.shape} and {q.shape[1]} query heads "
-                f"do not pair (groups {gk} and {gv})")
-    if key.node is value.node:
-        return "key and value read the same cache"
-    if not all(isinstance(x, int) for x in (b, hkv, s, d, vd, q.shape[0], q.shape[1])):
-        return "dynamic batch, head or cache sizes"
-    if q.shape[0] != b or q.shape[-1] != d:
-        return f"query {tuple(q.shape)} does not match the key cache {key.shape}"
-    mask = a["attn_mask"]
-    if mask is not None:
-        m = tensor_val(mask)
-        if m is None or m.dtype not in (torch.bool, q.dtype) or m.dim() > 4:
-            return "a mask of another dtype than bool or the query's, or of rank above 4"
-        lead = [1] * (4 - m.dim()) + list(m.shape)
-        if lead[1] != 1 or lead[0] not in (1, b) or lead[3] != s:
-            return f"a mask of shape {tuple(m.shape)}: per-head masks are not rewritten"
-    return None

@@ -4,14 +4,8 @@
   (transformers: ``P`` is ``cache_position[0]`` kept in the cache's ``cumulative_length``), or a
   single position (``L == 1``): the rows written are ``P .. P + L - 1``. ``L`` may be a dynamic
   length (a prefill method taking 1 to N tokens): then the same symbol as the step's.
-- :func:`prove_mask` — evaluates the mask's computation, which must depend on ``P`` (and on the
-  step's length ``L``) alone, and on constants, for *every* start ``P`` the update accepts
-  (``0 .. S - L``: eager's ``index_copy_`` raises on any other) and, for a dynamic length, for
-  every ``L`` its bounds allow, and compares it with the causal mask from ``P``: row ``l``
-  attends exactly the cache rows ``0 .. P + l``. That is a proof by exhaustion, not a pattern:
-  it holds whatever ops build the mask, and fails for a padding or sliding-window mask. The
-  starts of one length are evaluated together (``torch.vmap``; one by one where an op of the
-  mask has no batching rule, within :data:`LOOP_BUDGET`).
+- :class:`MaskFunction` — the mask's computation as a function of ``P`` (and ``L``), which
+  :mod:`.mask_proof` evaluates for every start and length to say what the mask is.
 """
 
 from __future__ import annotations
@@ -21,7 +15,8 @@ from typing import Optional
 import torch
 import torch.fx
 
-from ...node_meta import tensor_val
+from ...graph.node_meta import tensor_val
+from ...graph.values import ValueNumbers, same_size
 
 aten = torch.ops.aten
 CAUSAL = "causal from the cache position"
@@ -46,19 +41,6 @@ def _arange_length(node):
     return None
 
 
-def same_size(a, b) -> bool:
-    """Whether two sizes are one: equal ints, or SymInts of one expression (never a guard)."""
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
-        return a.node.expr == b.node.expr
-    return False
-
-
-def same_shape(a, b) -> bool:
-    return len(a) == len(b) and all(same_size(x, y) for x, y in zip(a, b))
-
-
 def length_bounds(length, cache: int) -> Optional[range]:
     """The lengths a step of ``length`` rows may have (1 .. at most ``cache``): ``[length]``,
     or the range a dynamic length's ShapeEnv allows; None if it has no finite bounds."""
@@ -71,64 +53,6 @@ def length_bounds(length, cache: int) -> Optional[range]:
     except (TypeError, ValueError, OverflowError):    # unbounded (int_oo) or not a number
         return None
     return range(max(low, 1), min(high, cache) + 1)
-
-
-# Ops whose value is their first input's when dtype and shape are kept (a copy, a cast to the
-# same dtype).
-_SAME_VALUE = (aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten._to_copy.default,
-               aten.clone.default, aten.alias.default, aten.detach.default)
-
-
-class ValueNumbers:
-    """Which nodes of a graph hold the same value: a node is numbered as the first node of the
-    same op on the same (numbered) arguments, and a same-dtype, same-shape cast or copy — and
-    ``copy_(buffer, x)``, whose value is ``x`` — as its source. transformers copies
-    ``cache_position[0]`` into each layer's ``cumulative_length`` buffer and reads it back with
-    ``.to(int64)``: every layer has start nodes of its own, all one value."""
-
-    def __init__(self, graph: torch.fx.Graph, written: set):
-        self.number: dict = {}
-        self._written = written    # placeholders written in place: a read of one is its own
-        seen: dict = {}
-        for node in graph.nodes:
-            self.number[node] = self._number(node, seen)
-
-    def _number(self, node, seen) -> torch.fx.Node:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            return node
-        source = None
-        if node.target is aten.copy_.default and isinstance(node.args[1], torch.fx.Node):
-            source = node.args[1]          # its value is what it copies, whatever it writes
-        elif any(i in self._written for i in node.all_input_nodes):
-            return node
-        elif node.target in _SAME_VALUE and isinstance(node.args[0], torch.fx.Node):
-            source = node.args[0]
-        if source is not None:
-            a, b = tensor_val(node), tensor_val(source)
-            if a is not None and b is not None and a.dtype == b.dtype and \
-                    same_shape(a.shape, b.shape):
-                return self.number[source]
-        if node.target._schema.is_mutable:
-            return node
-        try:
-            key = (node.target, _key(node.args, self.number), _key(node.kwargs, self.number))
-            hash(key)
-        except TypeError:
-            return node
-        return seen.setdefault(key, node)
-
-    def __call__(self, node: torch.fx.Node) -> torch.fx.Node:
-        return self.number.get(node, node)
-
-
-def _key(value, number):
-    if isinstance(value, torch.fx.Node):
-        return ("node", number[value])
-    if isinstance(value, (list, tuple)):
-        return tuple(_key(v, number) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _key(v, number)) for k, v in value.items()))
-    return value
 
 
 def start_of(positions: torch.fx.Node, numbers: ValueNumbers) -> Optional[torch.fx.Node]:
@@ -159,11 +83,6 @@ def same_positions(a: torch.fx.Node, b: torch.fx.Node, numbers: ValueNumbers) ->
     length = tensor_val(a).shape[0]
     return pa is not None and pa is pb and same_size(length, tensor_val(b).shape[0]) and \
         not (isinstance(length, int) and length == 1)
-
-
-# Evaluations of the mask one start at a time, at most, where torch.vmap cannot batch them (a
-# few seconds): beyond, the mask is not proven.
-LOOP_BUDGET = 20_000
 
 
 class MaskFunction:
@@ -224,68 +143,3 @@ class MaskFunction:
             return torch.vmap(lambda p: self(p, length))(starts)
         except Exception:  # noqa: BLE001 - an op without a batching rule: one at a time
             return torch.stack([self(p, length) for p in starts])
-
-
-def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
-               static_values: dict, written: set, numbers: ValueNumbers) -> tuple:
-    """(True, CAUSAL) if, for every start ``P`` in ``0 .. cache - L`` and every length ``L``
-    the step may have (``rows``: an int, or a dynamic length's SymInt), the mask equals the
-    causal mask from ``P`` (bool: True where attended; float: 0 there, -inf elsewhere) with
-    all leading dims 1; else (False, why)."""
-    lengths = length_bounds(rows, cache)
-    if lengths is None or not lengths:
-        return False, f"the step's length {rows} has no bounds within the cache's {cache} rows"
-    function = MaskFunction(mask, start, static_values, written, numbers, rows)
-    if function.reason:
-        return False, function.reason
-    p = tensor_val(start)
-    columns = torch.arange(cache)
-    evaluations, batches = 0, None
-    try:
-        with torch.no_grad():
-            for length in lengths:
-                starts = torch.arange(cache - length + 1, dtype=p.dtype)
-                given = length if isinstance(rows, torch.SymInt) else None
-                evaluations += len(starts)
-                if evaluations > LOOP_BUDGET and batches is None:
-                    batches = _vmaps(function, starts[:1], given)
-                    if not batches:
-                        return False, (f"the mask cannot be evaluated in batches and has more "
-                                       f"than {LOOP_BUDGET:,} cases to check")
-                why = _not_causal(function.batched(starts, given), starts, length, cache,
-                                  columns)
-                if why:
-                    return False, why
-    except Exception as error:  # noqa: BLE001 - a mask this evaluation cannot run: not proven
-        return False, f"the mask could not be evaluated ({type(error).__name__}: {error})"
-    return True, CAUSAL
-
-
-def _vmaps(function: MaskFunction, starts: torch.Tensor, length: int) -> bool:
-    try:
-        torch.vmap(lambda p: function(p, length))(starts)
-        return True
-    except Exception:  # noqa: BLE001 - no batching rule for an op of the mask
-        return False
-
-
-def _not_causal(got: torch.Tensor, starts: torch.Tensor, rows: int, cache: int,
-                columns: torch.Tensor) -> Optional[str]:
-    """Why ``got`` ([N, *mask], the mask at each start) is not the causal mask from each
-    start, or None."""
-    if got.dim() > 3 and any(d != 1 for d in got.shape[1:-2]):
-        return f"the mask has leading dims {tuple(got.shape[1:-2])}"
-    got = got.reshape(len(starts), *got.shape[-2:]) if got.dim() >= 3 else \
-        got.reshape(len(starts), 1, -1)
-    if tuple(got.shape[1:]) not in ((rows, cache), (1, cache)):
-        return f"the mask has shape {tuple(got.shape[1:])}, not [{rows}, {cache}]"
-    expected = columns[None, None, :] <= (starts[:, None] + torch.arange(rows))[:, :, None]
-    if got.dtype != torch.bool:
-        expected = torch.where(expected, 0.0, float("-inf")).to(got.dtype)
-    wrong = (got.expand(len(starts), rows, cache) != expected).flatten(1).any(1)
-    if bool(wrong.any()):
-        position = int(starts[wrong.nonzero()[0, 0]])
-        length = f" for {rows} rows" if rows != 1 else ""
-        return (f"at position {position}{length} the mask is not the causal mask from the "
-                "cache position (padding, sliding window, or another mask)")
-    return None

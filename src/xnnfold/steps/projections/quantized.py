@@ -34,7 +34,7 @@ from torch.export import ExportedProgram
 
 from ...analysis import ProgramFacts, cone_of, is_dequantize, static_inputs
 from ...analysis.gemms import op_name
-from ..fold import new_constant
+from ...graph.constants import new_constant
 
 
 def _is(node, name: str) -> bool:

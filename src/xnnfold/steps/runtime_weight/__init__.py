@@ -15,7 +15,7 @@ program. The configs are wrapped per partitioner instance; executorch itself is 
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -24,9 +24,11 @@ import torch.fx
 from ...analysis import is_dequantize, is_metadata_assertion
 from ...analysis.identity import removed_by_decomposition
 from ...decision import Rule, Status
-from ...node_meta import tensor_val
-from ...validity import sync_output_specs
+from ...graph.node_meta import tensor_val
+from ...graph.validity import sync_output_specs
+from ..protocol import Context, Outcome
 from .config import MARK, is_marked, open_runtime_weight_path  # noqa: F401 - the step's API
+from .swap import static_shape, swap_if_smaller
 
 aten = torch.ops.aten
 
@@ -45,7 +47,7 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list,
     if _declined_quantized(gemm, rows, user_inputs):
         return ("XNNPACK declines it as a quantized GEMM with constant operands; stock's "
                 "flag path takes it as fp32 with the dequantized weight at run time")
-    if not (_fp32(weight) and _fp32(x)) or len(_static_shape(weight) or ()) != 2:
+    if not (_fp32(weight) and _fp32(x)) or len(static_shape(weight) or ()) != 2:
         return None
     declined = [r for r in rows if r.status == Status.DECLINED and r.rule in _RUNTIME_RULES]
     if declined:
@@ -107,54 +109,24 @@ def _fp32(node) -> bool:
     return val is not None and val.dtype == torch.float32 and not is_dequantize(node)
 
 
-def _static_shape(node) -> Optional[tuple]:
-    val = tensor_val(node)
-    shape = tuple(val.shape) if val is not None else None
-    return shape if shape is not None and all(isinstance(s, int) for s in shape) else None
+@dataclass(frozen=True)
+class RuntimeWeight:
+    """One linear marked to be delegated with its weight as a run-time input, and why."""
+
+    gemm: str
+    why: str
+    rewritten = True
+
+    def describe(self) -> str:
+        return f"runtime_weight step: {self.gemm} delegated with a run-time weight: {self.why}"
 
 
-def _call(graph, target, args, name):
-    node = graph.create_node("call_function", target, args, name=name)
-    node.meta["val"] = target(*torch.fx.node.map_arg(args, lambda n: n.meta["val"]))
-    return node
-
-
-def swap_if_smaller(graph: torch.fx.Graph, gemm: torch.fx.Node) -> bool:
-    """Rewrite ``linear(x, W[, b])`` as ``linear(W, x).t() [+ b]`` when ``x`` is the smaller.
-
-    A run-time weight is packed on every call. ``x @ W.T`` is ``(W @ x.T).T``: with the
-    operands swapped, the one packed is the activation (a few rows) and ``W`` is read as it is
-    — for a tied head, 8 rows against a 51,865-row table. Static shapes only.
-    """
-    x, weight = gemm.args[0], gemm.args[1]
-    bias = gemm.args[2] if len(gemm.args) > 2 else None
-    x_shape, w_shape, out_shape = _static_shape(x), _static_shape(weight), _static_shape(gemm)
-    if None in (x_shape, w_shape, out_shape) or len(x_shape) == 0 or \
-            math.prod(x_shape) >= math.prod(w_shape):
-        return False
-    users = list(gemm.users)
-    rows = x
-    with graph.inserting_before(gemm):
-        if len(x_shape) != 2:
-            rows = _call(graph, aten.reshape.default, (x, [-1, w_shape[1]]), f"{gemm.name}_rows")
-    gemm.args = (weight, rows)
-    gemm.meta["val"] = aten.linear.default(weight.meta["val"], rows.meta["val"])
-    with graph.inserting_after(gemm):
-        out = _call(graph, aten.permute.default, (gemm, [1, 0]), f"{gemm.name}_swapped_back")
-    if bias is not None:
-        with graph.inserting_after(out):
-            out = _call(graph, aten.add.Tensor, (out, bias), f"{gemm.name}_bias")
-    if len(out_shape) != 2:
-        with graph.inserting_after(out):
-            out = _call(graph, aten.reshape.default, (out, list(out_shape)), f"{gemm.name}_out")
-    for user in users:
-        user.replace_input_with(gemm, out)
-    return True
-
-
-def mark_runtime_weights(result, prefer: str = "speed") -> None:
-    """Mark, in place, the GEMMs of ``result.program`` (the pass's own copy) to delegate with a
-    run-time weight; their rows say so.
+def mark_runtime_weights(program, operands: list, transposed: set, prefer: str = "speed"
+                         ) -> list:
+    """Mark, in place, the GEMMs of ``program`` (the pass's own copy) to delegate with a
+    run-time weight; their rows of ``operands`` say so. ``transposed``: the GEMMs the canonical
+    step rewrote from a transposed form (stock leaves those on portable). Returns a
+    :class:`RuntimeWeight` for each GEMM marked.
 
     A tied head that stock delegates with a constant copy of its table (a linear that reads the
     param itself, not one rewritten from a transposed form that stock leaves on portable) is a
@@ -162,25 +134,24 @@ def mark_runtime_weights(result, prefer: str = "speed") -> None:
     marked only with ``prefer="size"``; either way its rows give the bytes at stake.
     """
     by_gemm: dict = {}
-    for row in result.operands:
+    for row in operands:
         by_gemm.setdefault(row.gemm, []).append(row)
-    nodes = {n.name: n for n in result.program.graph.nodes}
-    rewritten = {r.gemm for r in getattr(result, "canonical", [])}
+    nodes = {n.name: n for n in program.graph.nodes}
     marked = {}
-    user_inputs = frozenset(result.program.graph_signature.user_inputs)
+    user_inputs = frozenset(program.graph_signature.user_inputs)
     for name, rows in by_gemm.items():
         if name not in nodes or \
                 (why := _needs_runtime_weight(nodes[name], rows, user_inputs)) is None:
             continue
-        table = _stock_copies(nodes[name], rows, rewritten)
+        table = _stock_copies(nodes[name], rows, transposed)
         if table is not None:
             _note_trade(rows, table, marked=prefer == "size")
             if prefer != "size":
                 continue
         marked[name] = why
     if not marked:
-        return
-    graph = result.program.graph
+        return []
+    graph = program.graph
     for name, why in marked.items():
         node = nodes[name]
         # a new dict: a copied program shares its nodes' meta values with the caller's
@@ -188,6 +159,7 @@ def mark_runtime_weights(result, prefer: str = "speed") -> None:
         quantized = any(is_dequantize(a) for a in node.args[:2])   # the flag's form, as is
         if not quantized and swap_if_smaller(graph, node):
             why += "; operands swapped, so that the activation is packed and the weight read"
+            marked[name] = why
         for row in by_gemm[name]:
             row.runtime_weight = True
             if row.delegated is False:   # the probe's answer was about a constant operand
@@ -197,15 +169,28 @@ def mark_runtime_weights(result, prefer: str = "speed") -> None:
             row.reason = f"{row.reason + '; ' if row.reason else ''}delegated with a runtime " \
                          f"weight: {why}"
     graph.lint()
-    result.program.graph_module.recompile()
-    sync_output_specs(result.program)    # a swapped GEMM the model returns ends in a new node
+    program.graph_module.recompile()
+    sync_output_specs(program)    # a swapped GEMM the model returns ends in a new node
+    return [RuntimeWeight(name, why) for name, why in marked.items()]
 
 
-def _stock_copies(gemm: torch.fx.Node, rows: list, rewritten: set) -> Optional[int]:
+class RuntimeWeightStep:
+    name = "runtime_weight"
+
+    def run(self, program, context: Context) -> Outcome:
+        transposed = {r.gemm for r in context.records.get("canonical", [])}
+        return Outcome(mark_runtime_weights(program, context.operands, transposed,
+                                            context.rules.prefer))
+
+
+STEP = RuntimeWeightStep()
+
+
+def _stock_copies(gemm: torch.fx.Node, rows: list, transposed: set) -> Optional[int]:
     """The bytes of the table stock stores a second time for ``gemm``, a tied head it
     delegates with a constant copy; None if stock does not (a transposed form it leaves on
     portable, or a weight declined by a rule)."""
-    if gemm.name in rewritten or any(r.status == Status.DECLINED for r in rows):
+    if gemm.name in transposed or any(r.status == Status.DECLINED for r in rows):
         return None
     tied = _tied(gemm.args[1])
     val = tensor_val(tied[0]) if tied is not None else None

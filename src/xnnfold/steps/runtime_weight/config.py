@@ -6,12 +6,18 @@ for that GEMM only), opened per partitioner instance. The marking is the step's
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch.fx
 from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 
+from ...errors import warn_or_raise
+
+logger = logging.getLogger("xnnfold")
+
 MARK = "xnnfold_runtime_weight"
 _WRAPPED_TARGETS = ("linear.default", "addmm.default", "mm.default")
+_OVERRIDDEN = ("_get_weight_deps", "_get_bias_deps")
 
 
 def is_marked(node: torch.fx.Node) -> bool:
@@ -38,10 +44,34 @@ def runtime_weight_config(base: type) -> type:
     return RuntimeWeight
 
 
-def open_runtime_weight_path(partitioner) -> None:
-    """Wrap ``partitioner``'s own linear/addmm/mm configs (this instance only)."""
-    configs = getattr(partitioner, "target_partitioner_configs", {})
+def missing_internals(partitioner) -> list:
+    """What of executorch 1.5.1's partitioner this relies on is not there (an executorch that
+    renamed it): its per-target configs, a config for each GEMM target, and the two methods
+    the wrapper overrides."""
+    configs = getattr(partitioner, "target_partitioner_configs", None)
+    if not isinstance(configs, dict):
+        return ["XnnpackPartitioner.target_partitioner_configs"]
+    missing = []
     for target in _WRAPPED_TARGETS:
         config = configs.get(target)
-        if config is not None:
-            config.__class__ = runtime_weight_config(type(config))
+        if config is None:
+            missing.append(f"a partitioner config for {target}")
+            continue
+        missing += [f"{type(config).__name__}.{method}" for method in _OVERRIDDEN
+                    if not callable(getattr(config, method, None))]
+    return missing
+
+
+def open_runtime_weight_path(partitioner) -> bool:
+    """Wrap ``partitioner``'s own linear/addmm/mm configs (this instance only); False, with a
+    warning (strict mode: an error), when executorch's internals are not what this wraps."""
+    missing = missing_internals(partitioner)
+    if missing:
+        warn_or_raise(logger, "xnnfold: run-time weights are off: executorch's partitioner "
+                      "has no %s (a GEMM marked for a run-time weight stays where stock "
+                      "leaves it)", ", ".join(missing))
+        return False
+    for target in _WRAPPED_TARGETS:
+        config = partitioner.target_partitioner_configs[target]
+        config.__class__ = runtime_weight_config(type(config))
+    return True

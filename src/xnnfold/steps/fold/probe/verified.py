@@ -1,5 +1,5 @@
 """Which probe answers the *delegated* rule: the fast one, checked against the whole program
-when verification is on (``XNNFOLD_VERIFY_PROBE=1`` or ``verify=True``).
+when verification is on (``Config.verify_probe``, :mod:`xnnfold.config`, or ``verify=True``).
 
 A probe is a callable ``(folded program, [FoldedConstant]) -> set of state keys`` of the folded
 constants XNNPACK would take. With verification, every answer of the fast probe is compared
@@ -15,32 +15,26 @@ drop-in partitioner's ``partition()`` settles the answer handed over to it.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable, Optional
 
 from executorch.exir.backend.partitioner import Partitioner
 from torch.export import ExportedProgram
 
-from ..errors import FoldError, warn_or_raise
+from .... import config
+from ....errors import FoldError, warn_or_raise
 from .fast import FastProbe, consumer_gemms
-from ..program_copy import copy_program
+from ....graph.program_copy import copy_program
 from .whole import delegated_placeholders, tagged_keys
 from .cut import ProbeUnsupported, param_keys
-from ..shape_env import give_own_shape_env, needs_own_shape_env
+from ....shape_env import give_own_shape_env, needs_own_shape_env
 
 logger = logging.getLogger("xnnfold")
-
-VERIFY_ENV = "XNNFOLD_VERIFY_PROBE"
 
 Probe = Callable[[ExportedProgram, list], set]
 
 
 class ProbeDisagreement(FoldError):
     """The fast probe and the whole-program probe disagree about a GEMM: a bug of xnnfold."""
-
-
-def verify_requested() -> bool:
-    return os.environ.get(VERIFY_ENV, "") not in ("", "0")
 
 
 def whole_program_probe(partitioner: Partitioner) -> Probe:
@@ -138,7 +132,7 @@ class VerifiedProbe:
 
     def __init__(self, partitioner: Partitioner, verify: Optional[bool] = None,
                  verification: Optional[Verification] = None):
-        self.verify = verify_requested() if verify is None else verify
+        self.verify = config.current().verify_probe if verify is None else verify
         self.fast, self.whole = FastProbe(partitioner), whole_program_probe(partitioner)
         self.verification = verification if verification is not None else Verification()
 
@@ -166,7 +160,7 @@ class VerifiedProbe:
 
 def make_probe(partitioner: Partitioner, verify: Optional[bool] = None,
                verification: Optional[Verification] = None) -> VerifiedProbe:
-    """``verify=None`` reads ``XNNFOLD_VERIFY_PROBE``."""
+    """``verify=None``: the settings in force (``xnnfold.config.current().verify_probe``)."""
     return VerifiedProbe(partitioner, verify, verification)
 
 

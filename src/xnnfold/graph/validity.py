@@ -21,7 +21,7 @@ from torch.export.graph_signature import (
     CustomObjArgument, SymBoolArgument, SymFloatArgument, SymIntArgument, TensorArgument,
     TokenArgument)
 
-from .errors import FoldError
+from ..errors import FoldError
 
 # The arguments that name a node (a ConstantArgument holds its value instead)
 _NAMED = (TensorArgument, SymIntArgument, SymFloatArgument, SymBoolArgument, CustomObjArgument,

@@ -29,7 +29,7 @@ import torch.fx
 from executorch.exir.backend.partitioner import Partitioner
 from torch.export import ExportedProgram
 
-from ..analysis.gemms import gemm_spec
+from ....analysis.gemms import gemm_spec
 from .whole import delegated_placeholders
 from .cut import PROBE_GEMM, cut_context, param_keys, signature
 from .program import build_module

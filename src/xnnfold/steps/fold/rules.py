@@ -16,11 +16,11 @@ from typing import Callable, Optional
 
 import torch
 
-from ..analysis import ProgramFacts
-from ..analysis.gemms import op_name
-from ..decision import Decline, Rule, Status
-from ..node_meta import tensor_val
-from ..steps.fold.plan import Group, freed_nodes
+from ...analysis import ProgramFacts
+from ...analysis.gemms import op_name
+from ...decision import Decline, Rule, Status
+from ...graph.node_meta import tensor_val
+from .plan import Group, freed_nodes
 
 
 RuleFn = Callable[[Group, ProgramFacts], dict]

@@ -1,9 +1,9 @@
-"""What the attention rewrites share: the record ``explain`` lists, the node emitter, and the
-checks on what XNNPACK takes."""
+"""Building nodes: the :class:`Emitter` (a node created with its fake value and its anchor's
+provenance, erased again if the rewrite is given up), and the shapes XNNPACK takes in a
+reshape."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -13,29 +13,6 @@ from torch._guards import detect_fake_mode
 aten = torch.ops.aten
 MAX_RANK = 6      # XNNPACK's tensors have at most 6 dims (XNN_MAX_TENSOR_DIMS)
 _COPIED_META = ("nn_module_stack", "stack_trace", "source_fn_stack")
-
-
-@dataclass(frozen=True)
-class AttentionRewrite:
-    """One ``scaled_dot_product_attention`` (``op="attention"``) or batched ``matmul`` node:
-    rewritten (``proven`` says why the rewrite is exact there) or kept as it was
-    (``kept_because``)."""
-
-    node: str
-    proven: Optional[str] = None
-    kept_because: Optional[str] = None
-    op: str = "attention"
-
-    @property
-    def rewritten(self) -> bool:
-        return self.kept_because is None
-
-    def describe(self) -> str:
-        what = "attention" if self.op == "attention" else "batched matmul"
-        if self.rewritten:
-            return (f"attention step: {what} {self.node} rewritten into ops XNNPACK takes "
-                    f"({self.proven})")
-        return f"attention step: {what} {self.node} kept as it was: {self.kept_because}"
 
 
 def static_shape(shape) -> bool:
@@ -49,6 +26,34 @@ def reshape_arg(shape) -> Optional[list]:
     if len(dynamic) > 1:
         return None
     return [-1 if i in dynamic else d for i, d in enumerate(shape)]
+
+
+# Ops whose output holds its input's elements in the same row-major order (a view of the
+# whole tensor): a reshape of their output is a reshape of their input.
+_ORDER_KEEPING = (aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+                  aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default,
+                  aten.squeeze.dims, aten.flatten.using_ints)
+
+
+def reshape_source(node: torch.fx.Node, shape) -> Optional[torch.fx.Node]:
+    """The node ``node`` reshapes (through ops that keep the elements' order) whose shape is
+    already ``shape``, if any: reshaping ``node`` to ``shape`` is that node itself. Inside an
+    XNNPACK delegate each reshape is a copy (its static reshape), so a rewrite that reshapes a
+    tensor back to the shape it came in with (the precomputed cross-attention keys of a
+    decoder, sliced ``[H, S, D]`` from an input and unsqueezed to ``[1, H, S, D]`` for the
+    model's attention) saves a copy of it per step."""
+    if not static_shape(shape):
+        return None
+    current = node
+    while True:
+        val = current.meta.get("val")
+        if current is not node and isinstance(val, torch.Tensor) and \
+                static_shape(val.shape) and list(val.shape) == list(shape):
+            return current
+        if current.op != "call_function" or current.target not in _ORDER_KEEPING or \
+                not isinstance(current.args[0], torch.fx.Node):
+            return None
+        current = current.args[0]
 
 
 class Emitter:

@@ -25,9 +25,9 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from ..analysis.identity import removed_by_decomposition
-from ..analysis.gemms import op_name
-from ..node_meta import tensor_val
+from ....analysis.identity import removed_by_decomposition
+from ....analysis.gemms import op_name
+from ....graph.node_meta import tensor_val
 
 # The meta key (inside "custom", which export carries over) naming a probe GEMM's context.
 PROBE_GEMM = "xnnfold_probe_gemm"

@@ -1,0 +1,121 @@
+""":mod:`.export`'s two programs lowered into one .pte, and the tied output head's table stored
+once, in a .ptd beside it.
+
+A tied head (Whisper's ``proj_out``, BART's ``lm_head``) reads the token embedding table that
+the decoder's lookup reads too. Stock stores it twice (the lookup's constant on portable, the
+head's in the delegate: whisper-tiny's .pte 230.6 MB for 151 MB of weights); as a run-time
+weight of the head (``prefer="size"``) it is stored once but read three times per token (the
+table, then XNNPACK packs it anew, then the product reads the packed copy; or, swapped, a
+product that computes 16 columns for one). Here both readers take it from one buffer of a
+.ptd: the table is marked for it before partitioning (XNNPACK's serializer puts a constant
+whose node carries ``meta["custom"]["delegate_constant_tag"]`` in that external file, under
+the hash of its bytes; emission puts the lookup's constant there under ``external_constants``),
+and executorch's named data store keeps one buffer for identical bytes. At load, XNNPACK packs
+the head from it once, as it packs any constant; the lookup reads its row from it. The runner
+passes the .ptd with the .pte (``whisper_runner --data_path``, ``Module(pte, ptd)``); a runner
+that does not fails to load the method, loudly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+TABLE_TAG = "tied_table"
+# executorch names its output heads and lookups variously; what marks the tied table is that
+# an embedding lookup and a GEMM both read it
+_GEMM_READERS = ("linear", "mm", "addmm", "permute", "t_copy", "executorch_call_delegate")
+
+
+def tied_tables(graph_module) -> list:
+    """Placeholders read by an embedding lookup and by a GEMM (a tied output head)."""
+    found = []
+    for node in graph_module.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        readers = [str(getattr(user.target, "__name__", user.target)) for user in node.users]
+        if any("embedding" in r for r in readers) and \
+                any(g in r for r in readers for g in _GEMM_READERS if "embedding" not in r):
+            found.append(node)
+    return found
+
+
+def mark_tied_tables(graph_module):
+    """An edge transform pass: the tied tables marked for the .ptd."""
+    from executorch.exir.pass_base import PassResult
+
+    found = tied_tables(graph_module)
+    for node in found:
+        node.meta.setdefault("custom", {})["delegate_constant_tag"] = TABLE_TAG
+    return PassResult(graph_module, bool(found))
+
+
+def _to_ptd(node) -> Optional[str]:
+    """Emission's ``external_constants``: the marked tables to the .ptd, the rest in the .pte."""
+    return TABLE_TAG if node.meta.get("custom", {}).get("delegate_constant_tag") == TABLE_TAG \
+        else None
+
+
+def emit_config(table_to_ptd: bool = True):
+    """The encoder's output is the decoder's input at every step: the decoder takes it where
+    it is (``alloc_graph_input=False``: not copied into the decoder's planned memory, 18 MB
+    per token at whisper-tiny's dims); the self-attention cache updated in place
+    (``run_reinplace_pass``: the rows of the step, not a copy of the cache)."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+
+    return ExecutorchBackendConfig(
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        run_reinplace_pass=True, emit_mutable_buffer_names=True,
+        external_constants=_to_ptd if table_to_ptd else False)
+
+
+@dataclass
+class LoweredSeq2Seq:
+    """The .pte, its .ptd (None when nothing went there), each method's partitioner (xnnfold's
+    holds its ``last_result``) and what ``before_emit`` returned."""
+
+    pte: bytes
+    ptd: Optional[bytes]
+    seconds: float
+    partitioners: dict = field(default_factory=dict)
+    inspected: object = None
+
+
+def lower_seq2seq(programs, partitioner_class=None, partitioner_kwargs: Optional[dict] = None,
+                  table_to_ptd: bool = True, before_emit=None) -> LoweredSeq2Seq:
+    """Both methods lowered in one ``to_edge_transform_and_lower`` (a partitioner each; by
+    default xnnfold's), the tied table in the .ptd unless ``table_to_ptd`` is False.
+    ``before_emit(edge)`` may read the lowered programs before emission."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    if partitioner_class is None:
+        from ...partitioner import XnnpackPartitioner as partitioner_class
+    partitioners = {name: partitioner_class(**(partitioner_kwargs or {}))
+                    for name in programs.programs}
+    start = time.perf_counter()
+    edge = to_edge_transform_and_lower(
+        dict(programs.programs), partitioner={n: [p] for n, p in partitioners.items()},
+        transform_passes=[mark_tied_tables] if table_to_ptd else [],
+        constant_methods=dict(programs.metadata))
+    inspected = before_emit(edge) if before_emit is not None else None
+    program = edge.to_executorch(emit_config(table_to_ptd))
+    pte = program.buffer
+    return LoweredSeq2Seq(pte, _data_file(program, TABLE_TAG), time.perf_counter() - start,
+                          partitioners, inspected)
+
+
+def _data_file(program, tag: str) -> Optional[bytes]:
+    """The bytes of the .ptd emission wrote for ``tag``, or None (through the manager's public
+    writer: its in-memory form is private)."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            program.write_tensor_data_to_file(folder)
+        except AssertionError:            # no data file at all
+            return None
+        path = Path(folder) / f"{tag}.ptd"
+        return path.read_bytes() if path.is_file() else None

@@ -1,0 +1,68 @@
+"""What the KV-cache step says of each attention (``explain`` lists it): rewritten, for which
+kernels and why exact, what it leaves outside XNNPACK; or kept, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch.fx
+
+from .pattern import CacheAttention
+
+PORTABLE_KERNELS = "XNNPACK + portable"
+# What the default rewrite leaves outside XNNPACK, and why (explain lists it per attention).
+UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): index_put copies "
+               "the whole cache and the runtime writes it back with copy_, unless to_executorch "
+               "runs with ExecutorchBackendConfig(run_reinplace_pass=True) (as xnnfold.export.llm's "
+               ".pte does), which updates it in place; llm_kernels=True makes it "
+               "llama::update_cache, in place")
+MASK_LEFT = "the mask is made additive on portable, once per program, on its own [L, S]"
+OPERANDS_LEFT = ("the tensors added to the scores (mask, bias) are viewed grouped on portable, "
+                 "once per program, on their own size")
+
+
+@dataclass(frozen=True)
+class KVCacheRewrite:
+    """One attention over a KV cache: rewritten (``kernels`` it then needs, ``proven`` what
+    makes it exact) or kept as it was (``kept_because``)."""
+
+    node: str
+    caches: tuple = ()
+    kernels: Optional[str] = None
+    proven: Optional[str] = None
+    kept_because: Optional[str] = None
+    left: tuple = ()          # what stays outside XNNPACK, and why
+    llm_declined: Optional[str] = None   # why llm_kernels=True could not be used here
+
+    @property
+    def rewritten(self) -> bool:
+        return self.kept_because is None
+
+    def describe(self) -> str:
+        caches = f" over {' / '.join(self.caches)}" if self.caches else ""
+        if not self.rewritten:
+            return f"kv_cache step: attention {self.node}{caches} kept as it was: " \
+                   f"{self.kept_because}"
+        text = (f"kv_cache step: attention {self.node}{caches} rewritten for {self.kernels} "
+                f"({self.proven})")
+        if self.llm_declined:
+            text += f"; llm_kernels not used: {self.llm_declined}"
+        for note in self.left:
+            text += f"; {note}"
+        return text
+
+
+def attention_left(attention: CacheAttention) -> tuple:
+    """What the grouped attention leaves on portable (the mask's or the bias's bookkeeping)."""
+    if attention.mask is not None:
+        return (MASK_LEFT,)
+    if any(isinstance(op.other, torch.fx.Node) for op in attention.scores or ()):
+        return (OPERANDS_LEFT,)
+    return ()
+
+
+def grouped_kernels(attention: CacheAttention) -> str:
+    """The kernels the grouped rewrite runs on."""
+    return PORTABLE_KERNELS + (f", {attention.groups} query heads per KV head, not repeated"
+                               if attention.groups > 1 else "")
