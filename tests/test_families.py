@@ -14,6 +14,7 @@ import torch
 from conftest import seed_everything
 from xnnfold.export import adaptations
 from xnnfold.models import decoder_lm
+from xnnfold.pte.compare import compare_outputs
 
 # one layer (Gemma2's first: a sliding window of DIMS.cache // 4); the tests of the step itself
 # cover layers sharing a mask
@@ -57,7 +58,6 @@ def test_every_attention_taken(family):
 
 def test_greedy_tokens_equal_eager(family):
     from xnnfold.export.llm import Generator
-    from xnnfold.export.hf.generation import compare_logits
 
     arch, model, lowered = family
     seed_everything(f"prompt-{arch}")
@@ -69,7 +69,8 @@ def test_greedy_tokens_equal_eager(family):
                                    do_sample=False, attention_mask=torch.ones_like(prompt),
                                    output_logits=True, return_dict_in_generate=True)
     assert run.tokens == reference.sequences[0, PROMPT:].tolist()
-    verdict = compare_logits(torch.cat(run.logits), torch.cat(reference.logits))
+    verdict = compare_outputs(torch.cat(run.logits), torch.cat(reference.logits),
+                              per_row=True)
     assert verdict.ok, verdict
 
 
@@ -77,7 +78,6 @@ def test_random_tokens_through_the_cache_equal_eager(family):
     """Greedy decoding of a small random model may repeat one token: random tokens fed one by
     one past the sliding window, each step's logits against eager's over the whole sequence."""
     from xnnfold.export.llm import Generator
-    from xnnfold.export.hf.generation import compare_logits
 
     arch, model, lowered = family
     seed_everything(f"tokens-{arch}")
@@ -88,7 +88,7 @@ def test_random_tokens_through_the_cache_equal_eager(family):
         if position >= PROMPT]
     with torch.no_grad():
         eager = model(input_ids=torch.tensor([tokens]), use_cache=False).logits[0, PROMPT - 1:]
-    verdict = compare_logits(torch.stack([g.reshape(-1) for g in got]), eager)
+    verdict = compare_outputs(torch.stack([g.reshape(-1) for g in got]), eager, per_row=True)
     assert verdict.ok, verdict
 
 

@@ -201,3 +201,24 @@ def test_check_pte_says_why_a_pte_fails(monkeypatch):
     verdict = isolated.check_pte("m.pte", (), expected)
     assert not verdict.ok and verdict.reason.endswith("killed by SIGABRT"), verdict
 
+
+
+def test_logits_are_judged_at_the_scale_of_their_row():
+    expected = torch.tensor([[5.0, 0.01, -3.0]])
+    near_zero_off = expected + torch.tensor([[0.0, 3e-5, 0.0]])
+    assert not compare_outputs(near_zero_off, expected).ok       # 3e-5 > 1e-5 + 1e-4 * 0.01
+    verdict = compare_outputs(near_zero_off, expected, per_row=True)   # <= 1e-5 + 1e-4 * 5
+    assert verdict.ok and verdict.max_rel_diff == pytest.approx(3e-5 / 5, rel=1e-3)
+    # another approximation of GELU in every layer (stock's Gemma): 2e-4 to 5e-4 of the rows'
+    # scale
+    wrong = compare_outputs(expected + torch.tensor([[0.0, 1.5e-3, 0.0]]), expected,
+                            per_row=True)
+    assert not wrong.ok and "rtol 0.0001 * the row's largest |expected|" in wrong.reason
+
+
+def test_each_row_has_its_own_scale():
+    expected = torch.tensor([[100.0, 1.0], [1.0, 0.5]])
+    off = expected + torch.tensor([[0.0, 0.0], [5e-4, 0.0]])
+    # the whole tensor's scale (100) would let 5e-4 through; its row's (1) does not
+    assert compare_outputs(off, expected, atol=0.0, rtol=1e-4 * 100).ok
+    assert not compare_outputs(off, expected, per_row=True).ok

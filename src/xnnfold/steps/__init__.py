@@ -10,16 +10,18 @@
 3. :mod:`.attention` — each ``scaled_dot_product_attention`` and batched ``matmul`` of
    activations rewritten into ops XNNPACK takes (no safe-softmax, expand or scale glue left on
    portable), where that is exact; masked rows keep eager's zeros;
-4. :mod:`.canonical` — GEMMs with a transposed weight (``addmm(b, x, W.t())``, ``x @ W.T``)
+4. :mod:`.gelu_tanh` — ``gelu(approximate="tanh")`` written out as mul/add/tanh (XNNPACK
+   1.5.1 computes every GELU as the exact one);
+5. :mod:`.canonical` — GEMMs with a transposed weight (``addmm(b, x, W.t())``, ``x @ W.T``)
    rewritten as ``linear``, so that one constant serves every form;
-5. :mod:`.projections` — MHA's packed in-projection split into one linear per part;
-6. :mod:`.fold` — the static computation of each GEMM's weight and bias, planned in groups,
-   judged by :mod:`xnnfold.rules` and the probe (:mod:`xnnfold.probe`), folded into constants;
-7. :mod:`.runtime_weight` — the linears whose weight cannot be a plain constant, marked to be
+6. :mod:`.projections` — MHA's packed in-projection split into one linear per part;
+7. :mod:`.fold` — the static computation of each GEMM's weight and bias, planned in groups,
+   judged by :mod:`.fold.rules` and the probe (:mod:`.fold.probe`), folded into constants;
+8. :mod:`.runtime_weight` — the linears whose weight cannot be a plain constant, marked to be
    delegated with a run-time weight.
 
 Each step is a module named after it; ``explain`` names the step that changed each GEMM. What
-steps share lives in packages of its own: :mod:`xnnfold.analysis` (static nodes, GEMM operands),
-:mod:`xnnfold.rules`, :mod:`xnnfold.probe` (XNNPACK's verdict). A new step goes here, and in
+steps share lives in packages of its own: :mod:`xnnfold.graph` (building nodes, SDPA's
+arguments), :mod:`xnnfold.analysis` (static nodes, GEMM operands). A new step goes here, and in
 the pipeline's order.
 """

@@ -24,6 +24,8 @@ SCRIPTS = {
     "lowering-isolated": "lowering_isolated",
     "quantized-attention": "quantized_attention",
     "llm-decode": "llm_decode",
+    "llm-families": "llm_families",
+    "moe-decode": "moe_decode",
     "whisper": "whisper",
     "hf-text-length": "hf_text_length",
     "llm-runner": "llm_runner",

@@ -82,10 +82,10 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
         # a causal LM's logits without a cache (--no-cache): judged as the generation check
         # judges them, at the scale of each row (a fixed 1e-5 failed where stock's .pte had
         # the same error)
-        judge = _logits_judge() if plan.kind == CAUSAL_LM else None
+        per_row = plan.kind == CAUSAL_LM
         for part in hf_parts.parts(plan, model, tokens):
             destination = pte_path(output_path, part.name)
-            _export_part(part, destination, exported, compare, reps, prefer, check, judge)
+            _export_part(part, destination, exported, compare, reps, prefer, check, per_row)
             # exported with fixed shapes: a dynamic text length lowered with none of
             # xnnfold's rewrites (xnnfold bench hf-text-length: BERT, T5, CLIP, GPT-2 twice
             # the ops outside delegates, three times the delegate calls)
@@ -96,13 +96,6 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
     ratios(exported.rows)
     exported.notes.insert(0, attention_note)
     return exported
-
-
-def _logits_judge():
-    """The generation check's comparison of logits, for a part whose one output is logits."""
-    from .generation import compare_logits
-
-    return lambda outputs, expected: compare_logits(outputs[0], expected)
 
 
 def _cross_attention(model) -> bool:
@@ -134,15 +127,15 @@ def check_generation_options(plan: Plan, output: str, cache: bool, quantize: Opt
 
 
 def _export_part(part, destination: Path, exported: Exported, compare: bool, reps: int,
-                 prefer: str, check: bool, judge=None) -> None:
-    """``judge(outputs, expected)``: the comparison with eager (default ``compare_outputs``)."""
+                 prefer: str, check: bool, per_row: bool = False) -> None:
+    """``per_row``: the outputs are logits, judged at the scale of each row
+    (``compare_outputs(per_row=True)``, as the generation check judges them)."""
     import torch
 
     from ...pte.compare import compare_outputs
     from ...pte import STOCK, XNNFOLD, PteRunner, lower
     from ...pte.timing import time_interleaved
 
-    judge = judge or compare_outputs
     with torch.no_grad():
         expected = part.module(*part.inputs)
     what = f"{part.name or 'the model'} of {destination.name}"
@@ -157,7 +150,8 @@ def _export_part(part, destination: Path, exported: Exported, compare: bool, rep
     runners = {v: PteRunner(low.pte) for v, low in lowered.items()}
     times = time_interleaved(runners, part.inputs, reps) if compare else {}
     for variant, low in lowered.items():
-        verdict = judge(runners[variant].run(part.inputs), expected) if check else None
+        verdict = (compare_outputs(runners[variant].run(part.inputs), expected, per_row=per_row)
+                   if check else None)
         if verdict is not None and not verdict.ok and variant == XNNFOLD:
             exported.wrong.append(f"{destination}: {verdict}")
         median = sorted(times[variant])[len(times[variant]) // 2] if times else None

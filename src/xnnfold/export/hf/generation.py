@@ -68,30 +68,31 @@ def _lower(generation, variant: str, prefer: str) -> tuple:
                                        [op for op in ops if op in EDGE_GEMM_NAMES], calls, ops)
 
 
-def compare_logits(actual: torch.Tensor, expected: torch.Tensor, quantized: bool = False):
-    """``compare_outputs`` with an absolute tolerance scaled to the rows' largest logit: each
-    logit is a dot product with the same hidden state, so its rounding error follows the
-    row's magnitude, not its own (a logit near 0 is as far off as a large one). ``quantized``:
-    a quantized .pte against its quantized eager model (:func:`quantized_tolerance`)."""
-    from ...pte.compare import compare_outputs, default_tolerance, quantized_tolerance
-
-    if quantized:
-        return compare_outputs(actual, expected, **quantized_tolerance(expected))
-    _, atol = default_tolerance(expected.dtype)
-    return compare_outputs(actual, expected, atol=atol * max(1.0, float(expected.abs().max())))
-
-
-def _check(model, generator, prompt: list, quantized: bool) -> tuple:
+def _check(model, generator, prompt: list, quantized: bool = False) -> tuple:
     """(prefill's verdict, decode's verdict): the runtime's logits of a greedy run against
-    eager's over the whole sequence."""
+    eager's over the whole sequence, each judged against its row's scale (``per_row``), or
+    within the quantized tolerance for a quantized .pte."""
     run = generator.generate(prompt, hf_plan.CHECK_STEPS + 1, stop_at_eos=False, keep_logits=True)
     sequence = prompt + run.tokens[:-1]
     with torch.no_grad():
         eager = model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0]
     expected = eager[len(prompt) - 1:]                      # the rows that predict each token
     got = torch.cat(run.logits)
-    return (compare_logits(got[:1], expected[:1], quantized),
-            compare_logits(got[1:], expected[1:], quantized))
+    judge = _quantized_judge if quantized else _per_row_judge
+    return judge(got[:1], expected[:1]), judge(got[1:], expected[1:])
+
+
+def _per_row_judge(actual, expected):
+    from ...pte.compare import compare_outputs
+
+    return compare_outputs(actual, expected, per_row=True)
+
+
+def _quantized_judge(actual, expected):
+    """A quantized .pte against its quantized eager model (:func:`quantized_tolerance`)."""
+    from ...pte.compare import compare_outputs, quantized_tolerance
+
+    return compare_outputs(actual, expected, **quantized_tolerance(expected))
 
 
 def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0) -> dict:
@@ -113,6 +114,26 @@ def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0
                 times[variant][0].append(prefill * 1e3)
                 times[variant][1].append(decode * 1e3)
     return {v: (statistics.median(p), statistics.median(d)) for v, (p, d) in times.items()}
+
+
+def _stock_verdicts(model, generation, prompt: list, verdicts: dict, written: str,
+                    prefer: str, quantized: bool) -> tuple:
+    """Stock's verdicts on the same check, for a failing check to show beside xnnfold's: the
+    ones already computed (``--compare``), else stock lowered and checked now (only when the
+    written .pte failed: is eager's deviation xnnfold's or executorch's?)."""
+    from ..llm import Generator
+    from ...pte import STOCK
+
+    mine = verdicts[written]
+    if all(v is None or v.ok for v in mine):
+        return (None, None)
+    if STOCK in verdicts:
+        return verdicts[STOCK]
+    try:
+        pte, _ = _lower(generation, STOCK, prefer)
+    except Exception as error:  # noqa: BLE001 - said beside the failure, not raised
+        return (f"not lowered ({type(error).__name__})",) * 2
+    return _check(model, Generator(pte), prompt, quantized)
 
 
 def export_generation(model, output: Path, compare: bool, tokens: int, reps: int, prefer: str,
@@ -148,12 +169,15 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     verdicts = {variant: _check(model, g, prompt, quantize is not None) if check
                 else (None, None) for variant, g in generators.items()}
     timed = _time(generators, prompt, hf_plan.CHECK_STEPS, reps) if compare else {}
+    stock = _stock_verdicts(model, generation, prompt, verdicts, written, prefer,
+                            quantize is not None)
     exported = hf_rows.Exported([], [], [])
     for variant, (_, method) in lowered.items():
         for index, phase in enumerate(("prefill", "decode")):
             verdict = verdicts[variant][index]
             if verdict is not None and not verdict.ok and variant == written:
-                exported.wrong.append(f"{output} ({phase}): {verdict}")
+                exported.wrong.append(f"{output} ({phase}): {verdict}; stock's .pte of the "
+                                      f"same programs: {stock[index]}")
             exported.rows.append(hf_rows.row(
                 phase, variant, method, verdict, timed[variant][index] if timed else None,
                 str(output) if variant == written else ""))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ...usage import UsageError
+from ...usage import UsageError, first_line
 
 
 def pte_path(output: Path, part: str) -> Path:
@@ -47,8 +47,10 @@ def failing_as_usage(what: str):
     except UsageError:
         raise
     except Exception as error:  # noqa: BLE001 - whatever fails, say which step and why
-        raise UsageError(f"{what} failed ({type(error).__name__}: "
-                         f"{(str(error).splitlines() or [''])[0][:200]})") from error
+        from ..llm.export import CannotExport
+
+        said = error.reason if isinstance(error, CannotExport) else first_line(error, 200)
+        raise UsageError(f"{what} failed ({said})") from error
 
 
 def row(part: str, variant: str, lowered, verdict, median_ms, written: str,

@@ -22,7 +22,8 @@ from typing import Optional
 import torch
 
 from . import plan as hf_plan, rows as hf_rows
-from .generation import MethodLowering, compare_logits
+from ...pte.compare import compare_outputs
+from .generation import MethodLowering
 
 
 def _lower(programs, variant: str, prefer: str) -> tuple:
@@ -74,7 +75,7 @@ def _check(model, program, inputs: torch.Tensor):
     with torch.no_grad():
         expected = model(**{name: inputs}, decoder_input_ids=torch.tensor([sequence[:-1]]),
                          use_cache=False).logits[0]
-    return compare_logits(torch.stack(got), expected)
+    return compare_outputs(torch.stack(got), expected, per_row=True)
 
 
 def _time(programs: dict, inputs: torch.Tensor, rounds: int, seed: int = 0) -> dict:

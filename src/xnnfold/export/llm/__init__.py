@@ -13,7 +13,7 @@ import importlib
 
 _PUBLIC = {"export_causal_lm": "export", "lower_generation": "export",
            "causal_lm_to_pte": "export", "GenerationPrograms": "export",
-           "LoweredGeneration": "export", "Generator": "runtime", "Generation": "runtime",
+           "LoweredGeneration": "export", "CannotExport": "export", "Generator": "runtime", "Generation": "runtime",
            "NotAGenerationProgram": "runtime", "generate": "runtime",
            "set_threads": "runtime", "Sampling": "runtime", "quantize_linears": "quantize",
            "cache_sizes": "sizes"}

@@ -29,6 +29,7 @@ transformers is imported by the functions that need it, never by importing this 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import warnings
@@ -38,6 +39,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ...usage import first_line
+from ..experts import routed_experts
 from ..static_cache import with_static_cache
 from .sizes import cache_sizes
 
@@ -107,6 +110,26 @@ def _metadata(model, max_cache: int, max_prefill: int) -> dict:
     return metadata
 
 
+class CannotExport(RuntimeError):
+    """torch.export could not take the model: its class and the reason in one line; the
+    original error is the cause (``__cause__``)."""
+
+    def __init__(self, model_class: str, reason: str):
+        super().__init__(f"{model_class}: the export with transformers' static cache failed "
+                         f"({reason})")
+        self.model_class, self.reason = model_class, reason
+
+
+@contextlib.contextmanager
+def _named_failures(model):
+    try:
+        yield
+    except CannotExport:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever torch raises, one line and the cause
+        raise CannotExport(type(model).__name__, first_line(error, 300)) from error
+
+
 def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
                      max_prefill: Optional[int] = None, example_tokens: int = 4,
                      quantize: Optional[str] = None) -> GenerationPrograms:
@@ -114,7 +137,9 @@ def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
     static cache of ``max_cache`` rows, taking 1 to ``max_prefill`` tokens per call.
     ``quantize``: a scheme of :mod:`xnnfold.export.llm.quantize` applied to a copy of the
     model's linears first. The caller's model is not changed (unquantized, its weights are
-    shared, not copied)."""
+    shared, not copied). Mixture-of-experts layers are exported as one cond per expert over
+    its own XNNPACK delegate (:mod:`xnnfold.export.experts`). A model torch.export cannot take
+    raises :class:`CannotExport`."""
     capped: list = []
     max_cache, max_prefill = sizes(model, max_cache, max_prefill, capped)
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
@@ -130,9 +155,12 @@ def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
     if max_prefill > 1:            # torch.export specializes a dimension whose range is 1..1
         length = torch.export.Dim("tokens", min=1, max=max_prefill)
         shapes = {"input_ids": {1: length}, "cache_position": {0: length}}
-    with torch.no_grad():
-        forward = torch.export.export(with_static_cache(model, max_cache, last_logits=True),
-                                      (), kwargs, dynamic_shapes=shapes, strict=True)
+    with torch.no_grad(), _named_failures(model):
+        # the wrapper is built before the experts are routed (it runs the model once, eagerly)
+        stepper = with_static_cache(model, max_cache, last_logits=True)
+        with routed_experts(model, max_prefill):
+            forward = torch.export.export(stepper, (), kwargs, dynamic_shapes=shapes,
+                                          strict=True)
     return GenerationPrograms({FORWARD: forward}, _metadata(model, max_cache, max_prefill),
                               max_cache, max_prefill, capped)
 
@@ -229,12 +257,16 @@ def emit_config():
     step's rows, which otherwise copies the whole cache and has the runtime copy it back,
     becomes ``index_put_``, the rows alone; 0.5 ms of a 5.4 ms decode step at issue 29's dims,
     README *LLM decode*). executorch's pass changes only an ``index_put`` whose cache no
-    later node reads."""
+    later node reads. A cond's outputs (mixture-of-experts layers) planned where they live on
+    (:mod:`xnnfold.export.cond_memory`)."""
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
 
+    from ..cond_memory import CondOutputsInParent
+
     return ExecutorchBackendConfig(
-        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True,
+                                                memory_planning_algo=CondOutputsInParent()),
         emit_mutable_buffer_names=True, run_reinplace_pass=True)
 
 
