@@ -1,8 +1,9 @@
 """The whole pass: a list of steps (:data:`STEPS`), each one module exposing one object
 (:mod:`xnnfold.steps.protocol`), run in order on the pass's own copy of the program.
 
-mask indexing -> KV caches -> attention -> tanh GELU -> canonical GEMMs -> fold (packed projections split,
-analysis, plan, rules, probe, the split undone where it did not pay) -> run-time weights.
+mask indexing -> KV caches -> attention -> tanh GELU -> canonical GEMMs -> fold (packed
+projections split, analysis, plan, rules, probe, the split undone where it did not pay) ->
+run-time weights.
 
 Adding a step is a module and an entry in :data:`STEPS`. After each step the program passes
 torch's checker (:class:`~xnnfold.graph.validity.StepChecks`); the records are kept by step name. The
