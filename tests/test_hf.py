@@ -159,7 +159,7 @@ def test_a_wrong_pte_exits_1_and_no_check_skips(tf, tmp_path, capsys, monkeypatc
     from xnnfold.pte import compare
     capsys.readouterr()                                 # save_pretrained's progress bar
     wrong = compare.Comparison(False, 1.0, 1.0, "output 0: max abs diff 1 (for the test)")
-    monkeypatch.setattr(compare, "compare_outputs", lambda actual, expected: wrong)
+    monkeypatch.setattr(compare, "compare_outputs", lambda actual, expected, **how: wrong)
     assert cli.main(["hf", str(folder), "-o", str(tmp_path / "v.pte")]) == 1
     captured = capsys.readouterr()
     assert "WRONG: output 0" in captured.out

@@ -20,7 +20,8 @@ def fakes(monkeypatch, stock=(OK, WRONG)):
     lowered = []
     monkeypatch.setattr(generation, "_lower", lambda gen, variant, prefer: lowered.append(
         variant) or (b"pte", {}))
-    monkeypatch.setattr(generation, "_check", lambda model, generator, prompt: stock)
+    monkeypatch.setattr(generation, "_check",
+                        lambda model, generator, prompt, quantized=False: stock)
     monkeypatch.setattr("xnnfold.export.llm.Generator", lambda pte: object())
     return lowered
 

@@ -117,7 +117,7 @@ def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0
 
 
 def _stock_verdicts(model, generation, prompt: list, verdicts: dict, written: str,
-                    prefer: str, quantized: bool) -> tuple:
+                    prefer: str, quantized: bool = False) -> tuple:
     """Stock's verdicts on the same check, for a failing check to show beside xnnfold's: the
     ones already computed (``--compare``), else stock lowered and checked now (only when the
     written .pte failed: is eager's deviation xnnfold's or executorch's?)."""
