@@ -1,4 +1,4 @@
-"""LLM decode measured (``xnnfold bench llm-decode``, issue 29): variants of one decoder LM's
+"""LLM decode measured (``xnnfold bench llm-decode``): variants of one decoder LM's
 step lowered, checked over 4 steps against eager, timed interleaved per position, with the
 memory floor and the portable share.
 

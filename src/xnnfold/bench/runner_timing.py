@@ -1,4 +1,4 @@
-"""LLM generation timed in executorch's runner (``xnnfold bench llm-runner``, issue 35): the
+"""LLM generation timed in executorch's runner (``xnnfold bench llm-runner``): the
 variants of :mod:`xnnfold.bench.scripts.llm_runner` exported, checked against each other and
 timed interleaved.
 

@@ -1,4 +1,4 @@
-"""Whisper generation measured (``xnnfold bench whisper``, issue 35): xnnfold's generation .pte
+"""Whisper generation measured (``xnnfold bench whisper``): xnnfold's generation .pte
 (:mod:`xnnfold.export.seq2seq`) beside optimum-executorch's ``--task
 automatic-speech-recognition --recipe xnnpack`` .pte of the same folder (when given), every
 variant driven through the speech runner's calls by one loop

@@ -1,5 +1,5 @@
 """Decoder-only LMs with a static KV cache, built from configs with random weights, the two ways
-users export them for ExecuTorch (issue 29):
+users export them for ExecuTorch:
 
 - :func:`transformers_lm` — a transformers causal LM wrapped by
   ``transformers.integrations.executorch.TorchExportableModuleForDecoderOnlyLM`` (static cache,
@@ -312,7 +312,7 @@ def executorch_llama(dims: Dims = Dims(), custom: bool = False, seed: int = 0,
 
 # bytes a quantized linear reads per weight: int8 per channel (a scale per row, negligible),
 # int4 in groups of 32 with a bf16 scale each (XNNPACK's blockwise layout: the 8da4w .pte of
-# issue 29's Llama is 81.7 MB, 65.5 of them the fp32 embedding)
+# llm-decode's Llama is 81.7 MB, 65.5 of them the fp32 embedding)
 WEIGHT_BYTES = {"none": 4.0, "int8": 1.0, "8da4w": 0.5 + 2 / 32, "pt2e-int8": 1.0}
 
 

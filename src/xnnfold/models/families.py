@@ -2,8 +2,8 @@
 each with its own features on (sliding windows, soft-capping, tied heads, partial rotary, biases,
 ALiBi, mixtures of experts, latent attention): what ``xnnfold bench llm-families`` exports.
 
-The list: issue 36's families and the text-generation families optimum-executorch lists that
-transformers 5 has. Each is a function of :class:`Sizes` returning a config; :func:`build`
+The list: the families people bring (soft-capping, ALiBi, mixtures of experts...) and the
+text-generation families optimum-executorch lists that transformers 5 has. Each is a function of :class:`Sizes` returning a config; :func:`build`
 makes the model (seeded, weights re-drawn so that logits spread: 2-D weights N(0, 1/fan_in),
 norms U(0.5, 1.5), biases N(0, 0.1)). Importing it imports nothing heavy (the bench's
 command line checks family names before torch loads).

@@ -1,4 +1,4 @@
-"""The attention glue (issue 21), measured: Whisper at whisper-tiny's dims (sdpa and eager
+"""The attention glue, measured: Whisper at whisper-tiny's dims (sdpa and eager
 exports) and the E=512 demo models, stock vs xnnfold (vs ideal): latency and portable share.
 
 transformers' Whisper at whisper-tiny's published dims (random weights) exported with

@@ -1,4 +1,4 @@
-"""LLM decode with a KV cache (issue 29): one decode step (or a prefill) of a decoder-only LM,
+"""LLM decode with a KV cache: one decode step (or a prefill) of a decoder-only LM,
 exported the plain way (transformers' ``TorchExportableModuleForDecoderOnlyLM``, static cache)
 and lowered with stock and with xnnfold (default, and ``llm_kernels=True``), beside executorch's
 own LLM flow (its example Llama with the custom KV cache and ``llama::custom_sdpa``) on the same

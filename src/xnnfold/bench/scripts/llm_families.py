@@ -1,6 +1,6 @@
-"""The LLM families table (issue 36): every transformers causal-LM family of
-xnnfold.models.families (issue 36's and optimum-executorch's text-generation families, mixtures
-of experts) through the public LLM API: exports / lowers / greedy tokens equal eager / decode
+"""The LLM families table: every transformers causal-LM family of xnnfold.models.families
+(the families people bring and optimum-executorch's text-generation families, mixtures of
+experts) through the public LLM API: exports / lowers / greedy tokens equal eager / decode
 time against stock / share on portable / the pass's step, one row per family.
 
     xnnfold bench llm-families [--fast] [--families llama,mixtral,...] [--output FILE.md]

@@ -1,4 +1,4 @@
-"""LLM generation in executorch's own runner (issue 35): xnnfold's generation .pte (one
+"""LLM generation in executorch's own runner: xnnfold's generation .pte (one
 ``forward``) run by ``TextLLMRunner`` and timed with the runner's own Stats, beside the
 two-method layout xnnfold wrote before (a static ``decode`` method, run as ``xnnfold generate``
 ran it) and, given its command line, optimum-executorch's ``--use_custom_sdpa
@@ -9,7 +9,7 @@ ran it) and, given its command line, optimum-executorch's ``--use_custom_sdpa
                              [--optimum-cli PATH/optimum-cli] [--keep DIR]
 
 The model: transformers' Llama at ``--hidden`` (head size 64, a KV head per 4 query heads; 512:
-issue 29's 8 / 2 heads, 4 layers, vocabulary 32,000), random weights; a tokenizer.json of
+llm-decode's 8 / 2 heads, 4 layers, vocabulary 32,000), random weights; a tokenizer.json of
 exactly the vocabulary, each prompt character one token. Every variant generates ``--new``
 tokens after the same ``--prompt``-token prompt once per round, in a shuffled order, one thread;
 prefill ms (the whole prompt) and decode ms per token are medians over the rounds. The texts

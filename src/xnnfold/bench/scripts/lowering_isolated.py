@@ -1,4 +1,4 @@
-"""Lowering seconds of the issue-22 models, each lowering in a process of its own.
+"""Lowering seconds of the models whose lowering cost was measured, each lowering in a process of its own.
 
     xnnfold bench lowering-isolated [--reps 2] [CASE ...]
 

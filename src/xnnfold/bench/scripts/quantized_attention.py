@@ -1,4 +1,4 @@
-"""Quantized attention (issue 30), measured: PT2E int8 models (XNNPACK's quantizer, per
+"""Quantized attention, measured: PT2E int8 models (XNNPACK's quantizer, per
 channel, calibrated on the example input), stock / stock's flag / xnnfold, outputs against the
 converted module (the PT2E model before export). One thread; latency: interleaved rounds,
 medians; ETDump: the portable share of a run.

@@ -1,4 +1,4 @@
-"""Whisper generation (issue 35): xnnfold's generation .pte (encoder once per window returning
+"""Whisper generation: xnnfold's generation .pte (encoder once per window returning
 the cross keys/values, a cached decoder, the tied table once in a .ptd) at whisper-tiny's (or
 -base's) dims, random weights, beside optimum-executorch's .pte of the same folder when given:
 a decoder step against the memory floor, the encoder, a whole transcription (30 s of features,
