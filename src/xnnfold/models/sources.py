@@ -292,7 +292,7 @@ def pt2e_quantized(model, inputs: tuple, mode: str):
 
 def _quantized(case, mode: str, name: str):
     """``case`` with its model quantized by the XNNPACK PT2E quantizer (per channel), calibrated
-    on its example inputs, as the README's Quantized section does by hand."""
+    on its example inputs, as docs/quantized.md does by hand."""
     import torch
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer, get_symmetric_quantization_config)

@@ -257,7 +257,7 @@ def emit_config():
     step's rows, which otherwise copies the whole cache and has the runtime copy it back,
     becomes ``index_put_``, the rows alone; 0.5 ms of a 5.4 ms decode step at ``xnnfold bench
     llm-decode``'s dims,
-    README *LLM decode*). executorch's pass changes only an ``index_put`` whose cache no
+    docs/llm.md). executorch's pass changes only an ``index_put`` whose cache no
     later node reads. A cond's outputs (mixture-of-experts layers) planned where they live on
     (:mod:`xnnfold.export.cond_memory`)."""
     from executorch.exir import ExecutorchBackendConfig
