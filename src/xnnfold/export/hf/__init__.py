@@ -31,8 +31,8 @@ generation .pte takes its example inputs' shapes only (a text of ``--tokens`` to
 notes say them: exported with a dynamic text length, BERT, T5, CLIP's text encoder and GPT-2
 lowered with none of xnnfold's rewrites (``xnnfold bench hf-text-length``). With
 ``--compare``, each program is also lowered with stock executorch and both .pte files are
-timed on the runtime (interleaved rounds). Why not optimum-executorch's export: it pins transformers 5.0.0rc1
-(docs/speech.md).
+timed on the runtime (interleaved rounds). Why not optimum-executorch's export: it pins
+transformers 5.0.0rc1 (docs/speech.md).
 """
 
 from __future__ import annotations
