@@ -5,7 +5,7 @@ imported) as the default, passed explicitly or set for a block with :func:`using
   instead of warning and lowering as stock would (the test suite's setting: a fallback that
   hides a bug must not pass a test);
 - ``verify_probe``: every answer of the fast probe is checked against the whole-program probe
-  (:mod:`xnnfold.probe.verified`; a test setting: it costs a second decomposition).
+  (:mod:`xnnfold.steps.fold.probe.verified`; a test setting: it costs a second decomposition).
 
 Environment (read once): ``XNNFOLD_STRICT=1``, ``XNNFOLD_VERIFY_PROBE=1``. Nothing in xnnfold
 writes the environment: a setting changed for a block is changed for that block only (a

@@ -83,7 +83,7 @@ class FoldGemmParams:
                  ) -> pipeline.FoldResult:
         """``verification``: where the probe's answers are verified, with verification on
         (default: each within this fold; the drop-in partitioner passes its own, whose
-        ``partition()`` checks the last one: :class:`~xnnfold.probe.verified.Verification`)."""
+        ``partition()`` checks the last one: :class:`~.steps.fold.probe.verified.Verification`)."""
         verification = verification if verification is not None else Verification()
         verification.fold_starts()
         _check_program(ep)
@@ -187,8 +187,8 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
 
     def __copy__(self):
         # A copy partitions programs of its own (the whole-program probe's copy, in
-        # xnnfold.probe.whole, partitions each program it is asked about, in the middle of a
-        # fold): it must not settle this partitioner's verification.
+        # steps/fold/probe/whole.py, partitions each program it is asked about, in the middle
+        # of a fold): it must not settle this partitioner's verification.
         copied = type(self).__new__(type(self))
         copied.__dict__.update(self.__dict__)
         copied.verification = Verification(partition_follows=True)

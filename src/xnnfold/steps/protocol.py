@@ -39,9 +39,9 @@ class Record(Protocol):
 class Context:
     """What the steps of one run share: the settings, and what earlier steps found.
 
-    ``rules`` (:class:`~xnnfold.rules.RuleSet`) and ``probe`` (XNNPACK's verdict, None: every
-    fold taken) drive the fold; ``llm_kernels`` lets the KV-cache step use executorch's LLM
-    kernels. ``records``: each earlier step's records, by name. The fold step sets
+    ``rules`` (:class:`~xnnfold.steps.fold.rules.RuleSet`) and ``probe`` (XNNPACK's verdict,
+    None: every fold taken) drive the fold; ``llm_kernels`` lets the KV-cache step use
+    executorch's LLM kernels. ``records``: each earlier step's records, by name. The fold step sets
     ``operands`` (the :class:`~xnnfold.result.GemmOperand` rows), ``constants``,
     ``freed_params`` and ``probe_rounds``; the run-time weight step reads and completes the
     rows. ``check(program, stage)``: torch's checker on an intermediate program of a step

@@ -2,7 +2,7 @@
 
 A *group* is a set of fold targets that must be decided together: targets whose cones share a
 node (the parts of one ``split``) or read the same param (folding one of them alone frees
-nothing). Which groups are folded is decided by :mod:`xnnfold.rules`.
+nothing). Which groups are folded is decided by :mod:`xnnfold.steps.fold.rules`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class FoldNode:
     consumers: list                          # GEMMs, or the dequantize in front of one
     targets: list                            # the FoldTargets (operands) it serves
     cone: list                               # static call_function nodes, graph order
-    decline: Optional[Decline] = None      # set by xnnfold.rules
+    decline: Optional[Decline] = None      # set by xnnfold.steps.fold.rules
     delegated: Optional[bool] = None         # set by the probe: does XNNPACK take its GEMM?
 
     @property

@@ -10,7 +10,7 @@ nodes behind its inputs, its users and, through a fusable user, their users. Eve
 reads becomes an *external*: a param (buffer) of the probe where the program reads a param,
 buffer or lifted constant, a user input otherwise, with the same dtype, shape and dynamic dims.
 Contexts that are equal up to names (:func:`signature`) get one answer, so a 16-layer stack
-costs one copy of each distinct GEMM. :mod:`xnnfold.probe.program` lays them side by side.
+costs one copy of each distinct GEMM. :mod:`probe.program` lays them side by side.
 """
 
 from __future__ import annotations

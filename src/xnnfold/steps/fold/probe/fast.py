@@ -1,8 +1,8 @@
 """The fast probe: XNNPACK's verdict on each folded constant, from one small program.
 
-The whole-program probe (:func:`xnnfold.probe.whole.delegated_placeholders`) decomposes the whole
+The whole-program probe (:func:`probe.whole.delegated_placeholders`) decomposes the whole
 candidate program a second time. Here each GEMM that reads a folded constant is cut out with
-what the decision depends on (:mod:`xnnfold.probe.cut`), equal cuts are asked once, and the
+what the decision depends on (:mod:`probe.cut`), equal cuts are asked once, and the
 distinct ones, side by side in one program exported afresh (its own ShapeEnv: nothing is left
 in the caller's), go through the same ``to_edge_transform_and_lower`` with the same stock
 partitioner up to ``partition()``. The verdicts are cached by signature for the rest of the

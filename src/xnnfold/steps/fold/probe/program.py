@@ -1,8 +1,8 @@
 """The probe program: the distinct probe contexts side by side in one GraphModule.
 
-:func:`build_module` lays the contexts of :mod:`xnnfold.probe.cut` side by side, each external
+:func:`build_module` lays the contexts of :mod:`probe.cut` side by side, each external
 a probe buffer or user input of the same dtype, shape and dynamic dims (with the program's
-ranges), which :mod:`xnnfold.probe.fast` exports afresh (its own ShapeEnv) and asks the
+ranges), which :mod:`probe.fast` exports afresh (its own ShapeEnv) and asks the
 partitioner about. Nothing here lowers anything: the builder is tested in milliseconds.
 """
 

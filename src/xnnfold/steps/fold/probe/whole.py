@@ -7,8 +7,8 @@ program through ``to_edge_transform_and_lower`` with a *stock* partitioner built
 user's own arguments, reads the ``delegation_tag`` of every placeholder once partitioning is
 done, and aborts there: no backend preprocess, no serialization.
 
-The fold asks it about the small probe program of :mod:`xnnfold.probe.fast`; asked about the
-whole folded program, it is the verification mode of :mod:`xnnfold.probe.verified`.
+The fold asks it about the small probe program of :mod:`probe.fast`; asked about the
+whole folded program, it is the verification mode of :mod:`probe.verified`.
 """
 
 from __future__ import annotations
