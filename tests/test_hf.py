@@ -214,11 +214,15 @@ CACHE, PREFILL, PROMPT, NEW = 56, 16, 20, 32      # the prompt goes in as two pr
 ASKED_CACHE, CACHE_ROWS = {"qwen2": 1024}, {"qwen2": 64}
 
 
-# the quantized exports (the longest of the set: 170 s for 8da4w on a loaded machine) in the
-# slow set: tests/unit/test_llm_generation_parts.py checks the quantization itself
-@pytest.fixture(scope="module", params=[*ARCHITECTURES, LLM_KERNELS,
-                                        *(pytest.param(q, marks=pytest.mark.slow)
-                                          for q in QUANTIZED)])
+# In the slow set: the quantized exports (the longest of the set: 170 s for 8da4w on a loaded
+# machine; tests/unit/test_llm_generation_parts.py checks the quantization itself) and Phi-3
+# (its fused projections are the fold's, tested on their own; ~35 s of make test's 15 minutes)
+SLOW = {*QUANTIZED, "phi3"}
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name
+    for name in (*ARCHITECTURES, LLM_KERNELS, *QUANTIZED)])
 def generation(request, tf, tmp_path_factory):
     """A causal LM saved with a tokenizer.json, through ``hf`` into another folder (its check
     included; llama also beside stock, timed), and the same weights loaded back for eager
