@@ -208,6 +208,12 @@ def test_generate_command_runs_a_text_seq2seq_pte(bart_pte, capsys):
     assert cli.main(["generate", str(bart_pte[1]), "--tokens", "5,6,7", "--max-new", "4",
                      "--ignore-eos", "--no-warmup"]) == 0
     assert "generated 4 token(s)" in capsys.readouterr().out
+    # what only a causal LM's .pte takes: one line, not ignored
+    for option in (["--temperature", "1"], ["--prompt", "hi"]):
+        source = [] if option[0] == "--prompt" else ["--tokens", "5,6,7"]
+        assert cli.main(["generate", str(bart_pte[1]), *source, *option]) == 2, option
+        assert capsys.readouterr().err.strip().endswith(
+            f"{option[0]} is for a causal LM's .pte"), option
 
 
 def _build_contract_driver(out: Path) -> Path:

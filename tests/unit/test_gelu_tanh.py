@@ -42,6 +42,17 @@ class QuantizedGelu(nn.Module):
         return q.dequantize_per_tensor.default(yq, 0.05, 0, -128, 127, torch.int8)
 
 
+class GeluThenQuantized(nn.Module):
+    """A GELU whose output is quantized (a dynamically quantized linear's input), its input
+    plain fp32: an fp32 GELU, not a quantized pattern."""
+
+    def forward(self, x):
+        q = torch.ops.quantized_decomposed
+        yq = q.quantize_per_tensor.default(nn.functional.gelu(x, approximate="tanh"), 0.05, 0,
+                                           -128, 127, torch.int8)
+        return q.dequantize_per_tensor.default(yq, 0.05, 0, -128, 127, torch.int8)
+
+
 def rewritten(model, x):
     ep = torch.export.export(model, (x,))
     program = copy_program(ep)
@@ -81,6 +92,12 @@ def test_quantized_gelu_left_to_the_quantized_pattern():
     _, program, records = rewritten(QuantizedGelu(), torch.randn(8))
     assert [r.rewritten for r in records] == [False], records
     assert "dequantize" in records[0].reason and len(gelus(program)) == 1
+
+
+def test_gelu_quantized_on_one_side_only_is_written_out():
+    _, program, records = rewritten(GeluThenQuantized(), torch.randn(8))
+    assert [r.rewritten for r in records] == [True], records
+    assert gelus(program) == []
 
 
 def test_the_step_runs_after_attention_and_explain_names_it():

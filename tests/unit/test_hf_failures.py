@@ -16,12 +16,12 @@ from xnnfold.pte.compare import Comparison
 OK, WRONG = Comparison(True, 1e-6), Comparison(False, 1.0, 1.0, "output 0: off (for the test)")
 
 
-def fakes(monkeypatch, stock=(OK, WRONG)):
-    lowered = []
+def fakes(monkeypatch, stock=(OK, WRONG), judged=None):
+    lowered, judged = [], [] if judged is None else judged
     monkeypatch.setattr(generation, "_lower", lambda gen, variant, prefer: lowered.append(
         variant) or (b"pte", {}))
-    monkeypatch.setattr(generation, "_check",
-                        lambda model, generator, prompt, quantized=False: stock)
+    monkeypatch.setattr(generation, "_check", lambda model, generator, prompt, quantized=False:
+                        judged.append(quantized) or stock)
     monkeypatch.setattr("xnnfold.export.llm.Generator", lambda pte: object())
     return lowered
 
@@ -30,6 +30,13 @@ def test_a_failing_check_lowers_and_checks_stock(monkeypatch):
     lowered = fakes(monkeypatch)
     said = generation._stock_verdicts(None, None, [1], {XNNFOLD: (OK, WRONG)}, XNNFOLD, "speed")
     assert said == (OK, WRONG) and lowered == [STOCK]
+
+
+def test_stock_of_a_quantized_pte_is_judged_as_quantized(monkeypatch):
+    judged = []
+    fakes(monkeypatch, judged=judged)
+    generation._stock_verdicts(None, None, [1], {XNNFOLD: (OK, WRONG)}, XNNFOLD, "speed", True)
+    assert judged == [True]
 
 
 def test_a_passing_check_lowers_nothing_more(monkeypatch):
@@ -49,10 +56,10 @@ def test_an_error_keeps_its_reason_when_its_first_line_is_empty():
     histc = SpecViolationError("\nOperator torch._ops.aten.histc.default is not in Core ATen "
                                "opset (https://pytorch.org/docs/stable/torch.compiler_ir.html)")
     with pytest.raises(UsageError) as raised:
-        with failing_as_usage("lowering MixtralForCausalLM's prefill and decode"):
+        with failing_as_usage("lowering MixtralForCausalLM's forward"):
             raise histc
     assert str(raised.value).startswith(
-        "lowering MixtralForCausalLM's prefill and decode failed (SpecViolationError: Operator "
+        "lowering MixtralForCausalLM's forward failed (SpecViolationError: Operator "
         "torch._ops.aten.histc.default is not in Core ATen opset")
     assert raised.value.__cause__ is histc
 

@@ -184,3 +184,22 @@ def test_a_different_tokenizer_beside_the_output_is_refused(tmp_path, capsys):
     assert capsys.readouterr().err.strip().endswith(
         f"{out / 'tokenizer.json'} exists and is not {folder}'s tokenizer: write the .pte to "
         "another folder (its tokenizer goes beside it)")
+
+
+def test_quantize_says_what_it_leaves_in_fp32_in_a_mixture_of_experts():
+    """--quantize takes nn.Linear layers; the experts' stacked weights are not: the note says
+    so, with their share, instead of 'linears quantized' alone."""
+    import transformers
+
+    from xnnfold.export.hf.generation import _experts_left_fp32
+
+    torch.manual_seed(0)
+    mixtral = transformers.AutoModelForCausalLM.from_config(transformers.MixtralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=64, num_local_experts=4))
+    llama = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=64))
+    assert _experts_left_fp32(mixtral) == \
+        " (the experts' stacked weights, 77% of the parameters, stay fp32)"
+    assert _experts_left_fp32(llama) == ""

@@ -175,7 +175,6 @@ def _cmd_generate(args) -> int:
 
     if args.threads is not None:
         set_threads(args.threads)
-    tokenizer = _tokenizer(args)
     try:
         try:
             generator = Generator(args.pte)
@@ -183,6 +182,7 @@ def _cmd_generate(args) -> int:
             if not _has_methods(args.pte, "encoder", "text_decoder"):
                 raise
             return _generate_seq2seq(args)
+        tokenizer = _tokenizer(args)
         prompt = args.prompt_ids if args.prompt_ids is not None else \
             tokenizer.encode(args.prompt, args.num_bos)
         sampling = Sampling(args.temperature, args.top_p, args.seed,
@@ -193,15 +193,22 @@ def _cmd_generate(args) -> int:
             generator.generate(prompt, min(2, args.max_new), stop_at_eos=False)
         result = generator.generate(prompt, args.max_new, stop_at_eos=not args.ignore_eos,
                                     sampling=sampling)
+        text = None if tokenizer is None else tokenizer.decode(result.tokens)
     except (NotAGenerationProgram, ValueError) as error:
         raise UsageError(f"{args.pte}: {error}")
     except RuntimeError as error:                  # the runtime could not load it
         raise UsageError(f"{args.pte}: the runtime could not load it ({type(error).__name__}: "
                          f"{str(error).splitlines()[0][:160]})")
-    if tokenizer is not None:
-        print(tokenizer.decode(result.tokens))
+    if text is not None:
+        print(text)
     print(result.summary())
     return 0
+
+
+# what an encoder-decoder .pte's generation does not take (greedy from token ids only)
+_NOT_FOR_SEQ2SEQ = (("prompt", None, "--prompt"), ("tokenizer", None, "--tokenizer"),
+                    ("temperature", 0.0, "--temperature"), ("top_p", 1.0, "--top-p"),
+                    ("seed", 0, "--seed"), ("num_bos", 0, "--num-bos"))
 
 
 def _has_methods(pte: str, *names: str) -> bool:
@@ -225,8 +232,10 @@ def _generate_seq2seq(args) -> int:
     if program.speech:
         raise UsageError(f"{args.pte}: a speech model (its encoder takes features): use "
                          "`xnnfold transcribe`")
-    if args.prompt_ids is None:
-        raise UsageError(f"{args.pte}: an encoder-decoder .pte: give the source as --tokens ids")
+    for name, default, option in _NOT_FOR_SEQ2SEQ:
+        if getattr(args, name) != default:
+            raise UsageError(f"{args.pte}: an encoder-decoder .pte generates greedily from the "
+                             f"source's --tokens ids; {option} is for a causal LM's .pte")
     source = torch.tensor([args.prompt_ids], dtype=torch.long)
     if program.input_sizes and source.shape[1] > program.input_sizes[-1]:
         raise UsageError(f"{args.pte}: {source.shape[1]} source tokens; its encoder takes at "

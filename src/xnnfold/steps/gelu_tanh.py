@@ -61,9 +61,11 @@ def _approximation(node: torch.fx.Node):
 
 
 def _quantized_neighbour(node: torch.fx.Node) -> bool:
+    """Between a dequantize and a quantize: a quantized pattern. One side alone is not (a GELU
+    whose output a dynamically quantized linear quantizes is an fp32 GELU)."""
     source = node.args[0]
-    if isinstance(source, torch.fx.Node) and is_dequantize(source):
-        return True
+    if not (isinstance(source, torch.fx.Node) and is_dequantize(source)):
+        return False
     return any(user.op == "call_function" and "quantize" in op_name(user.target) and
                not is_dequantize(user) for user in node.users)
 

@@ -116,6 +116,20 @@ def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0
     return {v: (statistics.median(p), statistics.median(d)) for v, (p, d) in times.items()}
 
 
+def _experts_left_fp32(model) -> str:
+    """What ``--quantize`` leaves in fp32 in a mixture of experts: the experts' stacked weights
+    are no ``nn.Linear`` (the quantization takes linears only); said, not hidden."""
+    from ..experts import experts_modules
+
+    modules = experts_modules(model)
+    if not modules:
+        return ""
+    stacked = sum(p.numel() for m in modules for p in m.parameters(recurse=False))
+    total = sum(p.numel() for p in model.parameters())
+    return (f" (the experts' stacked weights, {stacked / max(total, 1):.0%} of the parameters, "
+            "stay fp32)")
+
+
 def _stock_verdicts(model, generation, prompt: list, verdicts: dict, written: str,
                     prefer: str, quantized: bool = False) -> tuple:
     """Stock's verdicts on the same check, for a failing check to show beside xnnfold's: the
@@ -182,7 +196,8 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
                 phase, variant, method, verdict, timed[variant][index] if timed else None,
                 str(output) if variant == written else ""))
     exported.notes += [a.describe(name) for a in adaptations(model)]
-    quantized = "" if quantize is None else f", linears quantized {quantize}"
+    quantized = "" if quantize is None else f", linears quantized {quantize}" + \
+        _experts_left_fp32(model)
     exported.notes.append(
         f"{output}: one method, forward (1 to {generation.max_prefill} tokens a call: the "
         f"prefill and decode rows above are its two phases), over a static KV cache of "
