@@ -30,6 +30,23 @@ def time_interleaved(runners: dict, inputs: tuple, rounds: int, seed: int = 0,
     return times
 
 
+def medians_interleaved(subjects: dict, measure, rounds: int, warmup: int = 1,
+                        seed: int = 0) -> dict:
+    """``{variant: (median, ...)}`` of what ``measure(subject)`` returns (a tuple of ms):
+    ``warmup`` untimed rounds, then ``rounds`` rounds, each variant once per round, in an order
+    shuffled every round by a ``random.Random(seed)``."""
+    samples: dict = {variant: [] for variant in subjects}
+    order, rng = list(subjects), random.Random(seed)
+    for index in range(warmup + rounds):
+        rng.shuffle(order)
+        for variant in order:
+            measured = measure(subjects[variant])
+            if index >= warmup:
+                samples[variant].append(measured)
+    return {variant: tuple(statistics.median(column) for column in zip(*rows))
+            for variant, rows in samples.items()}
+
+
 def lower_and_time(lowerings: dict, inputs: tuple, expected, rounds: int, prefix: str = "",
                    against: tuple = ("stock",)) -> dict:
     """Lower each variant (``{label: () -> Lowered}``), print its .pte bytes, GEMMs outside,

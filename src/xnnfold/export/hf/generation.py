@@ -14,8 +14,6 @@ steps, medians.
 
 from __future__ import annotations
 
-import random
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ import torch
 
 from ..adaptations import adaptations
 from . import plan as hf_plan, rows as hf_rows
+from ...pte.timing import medians_interleaved
 
 
 @dataclass
@@ -96,24 +95,18 @@ def _quantized_judge(actual, expected):
 
 
 def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0) -> dict:
-    """{variant: (prefill ms medians, decode ms per step medians)}, interleaved rounds."""
-    times = {variant: ([], []) for variant in generators}
-    order, rng = list(generators), random.Random(seed)
-    for index in range(rounds + 2):                         # two warm-up rounds
-        rng.shuffle(order)
-        for variant in order:
-            generator = generators[variant]
-            start = time.perf_counter()
-            logits = generator.prefill(prompt)
-            prefill = time.perf_counter() - start
-            token, start = int(logits.argmax()), time.perf_counter()
-            for position in range(len(prompt), len(prompt) + steps):
-                token = int(generator.step(token, position).argmax())
-            decode = (time.perf_counter() - start) / steps
-            if index >= 2:
-                times[variant][0].append(prefill * 1e3)
-                times[variant][1].append(decode * 1e3)
-    return {v: (statistics.median(p), statistics.median(d)) for v, (p, d) in times.items()}
+    """{variant: (prefill ms medians, decode ms per step medians)}, interleaved rounds (two
+    warm-up)."""
+    def measure(generator) -> tuple:
+        start = time.perf_counter()
+        logits = generator.prefill(prompt)
+        prefill = time.perf_counter() - start
+        token, start = int(logits.argmax()), time.perf_counter()
+        for position in range(len(prompt), len(prompt) + steps):
+            token = int(generator.step(token, position).argmax())
+        return prefill * 1e3, (time.perf_counter() - start) * 1e3 / steps
+
+    return medians_interleaved(generators, measure, rounds, warmup=2, seed=seed)
 
 
 def _experts_left_fp32(model) -> str:

@@ -13,8 +13,6 @@ decoder steps in interleaved rounds, medians.
 
 from __future__ import annotations
 
-import random
-import statistics
 import time
 from pathlib import Path
 from typing import Optional
@@ -23,6 +21,7 @@ import torch
 
 from . import plan as hf_plan, rows as hf_rows
 from ...pte.compare import compare_outputs
+from ...pte.timing import medians_interleaved
 from .generation import MethodLowering
 
 
@@ -79,25 +78,18 @@ def _check(model, program, inputs: torch.Tensor):
 
 
 def _time(programs: dict, inputs: torch.Tensor, rounds: int, seed: int = 0) -> dict:
-    """{variant: (encoder ms, decoder ms per step)}: medians of interleaved rounds, each the
-    encoder then CHECK_STEPS decoder steps."""
-    times = {variant: ([], []) for variant in programs}
-    order, rng = list(programs), random.Random(seed)
-    for index in range(rounds + 1):                        # one warm-up round
-        rng.shuffle(order)
-        for variant in order:
-            program = programs[variant]
-            start = time.perf_counter()
-            encoded = program.encode(inputs)
-            encoder = time.perf_counter() - start
-            token, start = program.start, time.perf_counter()
-            for position in range(hf_plan.CHECK_STEPS):
-                token = int(program.step(token, encoded, position).argmax())
-            if index:
-                times[variant][0].append(encoder * 1e3)
-                times[variant][1].append((time.perf_counter() - start) * 1e3 /
-                                         hf_plan.CHECK_STEPS)
-    return {v: (statistics.median(e), statistics.median(d)) for v, (e, d) in times.items()}
+    """{variant: (encoder ms, decoder ms per step)}: medians of interleaved rounds (one
+    warm-up), each the encoder then CHECK_STEPS decoder steps."""
+    def measure(program) -> tuple:
+        start = time.perf_counter()
+        encoded = program.encode(inputs)
+        encoder = time.perf_counter() - start
+        token, start = program.start, time.perf_counter()
+        for position in range(hf_plan.CHECK_STEPS):
+            token = int(program.step(token, encoded, position).argmax())
+        return encoder * 1e3, (time.perf_counter() - start) * 1e3 / hf_plan.CHECK_STEPS
+
+    return medians_interleaved(programs, measure, rounds, warmup=1, seed=seed)
 
 
 def export_seq2seq_generation(model, output: Path, folder: str, compare: bool, tokens: int,
