@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from xnnfold.models import decoder_lm
+from xnnfold.steps.kv_cache import visible
 
 from conftest import check_steps, seed_everything
 
@@ -43,6 +44,11 @@ def check(lm, llm_kernels=False, tol=None, masks=1):
     else:
         assert not any("llama" in op for op in ops), ops
         assert ops.count("aten.index_put.default") == 2 * DIMS.layers, ops
+        # the rows up to the position only: the caches cut on portable, the attention's bmm
+        # and softmax taken by XNNPACK with their run-time sizes (stock's configs decline them)
+        assert all(visible.HOW in r.proven for r in records), [r.proven for r in records]
+        assert ops.count("aten.slice_copy.Tensor") >= 2 * DIMS.layers, ops
+        assert not {"aten.bmm.default", "aten._softmax.default"} & set(ops), ops
     return checked
 
 

@@ -25,7 +25,8 @@ from .dim_order import warn_of_conflicts
 from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
 from .steps.fold.rules import DEFAULT_RULES, RuleSet
-from .steps import runtime_weight
+from .steps import kv_cache, runtime_weight
+from .steps.kv_cache.visible_config import open_visible_rows_path
 from .steps.runtime_weight import open_runtime_weight_path
 from .shape_env import for_lowering
 from .steps.fold.probe.verified import Verification, make_probe
@@ -178,6 +179,9 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
             if not open_runtime_weight_path(self):     # no GEMM is marked for a path not open
                 self.fold.steps = tuple(s for s in self.fold.steps
                                         if s is not runtime_weight.STEP)
+            if open_visible_rows_path(self):      # its configs take what that step emits
+                self.fold.steps = tuple(kv_cache.STEP_VISIBLE_ROWS if s is kv_cache.STEP
+                                        else s for s in self.fold.steps)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
         # the probe's answers, the last of a fold checked by partition() (verification on)

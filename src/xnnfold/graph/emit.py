@@ -56,6 +56,20 @@ def reshape_source(node: torch.fx.Node, shape) -> Optional[torch.fx.Node]:
         current = current.args[0]
 
 
+def item(emit: "Emitter", tensor: torch.fx.Node) -> torch.fx.Node:
+    """``tensor.item()`` (one element): an unbacked SymInt, bound in the node's meta (a fresh
+    symbol left unbound in the program's ShapeEnv would break its next trace)."""
+    from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
+
+    node = emit(aten.item.default, tensor)
+    shape_env = emit.fake_mode.shape_env
+    if shape_env is not None:
+        bindings = compute_unbacked_bindings(shape_env, node.meta["val"])
+        if bindings:
+            node.meta["unbacked_bindings"] = bindings
+    return node
+
+
 class Emitter:
     """Creates nodes before ``anchor`` with their fake values and the anchor's provenance."""
 

@@ -28,24 +28,29 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+import torch.fx
+
 from torch.export import ExportedProgram
 
 from ...analysis import static_inputs
 from ...errors import warn_or_raise
 from ...graph.emit import Emitter
+from ...graph.node_meta import tensor_val
 from ...graph.sdpa import SDPA
 from ...graph.values import ValueNumbers, written_placeholders
 from ..protocol import Context, Outcome
-from . import eager, grouped, layout, llm_kernels, mask_proof, pattern, positions
-from .record import KVCacheRewrite, UPDATE_LEFT, attention_left, grouped_kernels
+from . import eager, grouped, layout, llm_kernels, mask_proof, pattern, positions, visible
+from .record import (KVCacheRewrite, UPDATE_LEFT, VISIBLE_LEFT, attention_left,
+                     grouped_kernels)
 
 logger = logging.getLogger("xnnfold")
 
 class _Context:
     """What the rewrites of one program share: facts, proofs, the mask parts, the item()."""
 
-    def __init__(self, program: ExportedProgram):
+    def __init__(self, program: ExportedProgram, visible_rows: bool = False):
         self.program = program
+        self.visible_rows = visible_rows
         names = static_inputs(program)
         self.static = {n: names[n.name] for n in program.graph.nodes
                        if n.op == "placeholder" and n.name in names}
@@ -55,12 +60,24 @@ class _Context:
         self.masks = grouped.MaskParts()
         self.started: dict = {}
         self.relaid: set = set()
+        self.visible: dict = {}
 
     def forget(self, erased: list) -> None:
         """Drop what was built from nodes about to be erased (a rewrite given up)."""
         erased = set(erased)
         self.started = {k: n for k, n in self.started.items() if n not in erased}
+        self.visible = {k: n for k, n in self.visible.items() if n not in erased}
         self.masks.forget(erased)
+
+    def rows_visible(self, emit: Emitter, attention: pattern.CacheAttention, start):
+        """The rows visible to the step (:func:`.visible.count`), made once per start."""
+        if start not in self.visible:
+            cache = attention.key.shape[2]
+            if start not in self.started:
+                self.started[start] = llm_kernels.start_item(emit, start, cache)
+            self.visible[start] = visible.count(emit, self.started[start], attention.query,
+                                                cache)
+        return self.visible[start]
 
     def proof(self, attention: pattern.CacheAttention, start) -> tuple:
         """(what the mask is proven to be, or False; why not) for this attention's mask and
@@ -79,15 +96,19 @@ class _Context:
         return (text if proven else False), (None if proven else text)
 
 
-def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False) -> list:
+def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False,
+                      visible_rows: bool = False) -> list:
     """Rewrite, in place, every attention of ``program`` (the pass's own copy) over a KV cache
-    the step recognises; return a :class:`KVCacheRewrite` for each, rewritten or kept."""
+    the step recognises; return a :class:`KVCacheRewrite` for each, rewritten or kept.
+    ``visible_rows``: the default rewrite reads only the rows up to the position where that is
+    exact (:mod:`.visible`); only for a partitioner that takes them
+    (:mod:`.visible_config`)."""
     updates, _ = pattern.find_updates(program)
     if not updates:
         return []
     if llm_kernels_wanted:
         llm_kernels.load_kernels()
-    context, records = _Context(program), []
+    context, records = _Context(program, visible_rows), []
     for node in list(program.graph.nodes):
         if node.op != "call_function" or node.target not in (SDPA,) + eager.SOFTMAXES:
             continue
@@ -134,7 +155,7 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
             return _llm(context, emit, attention, start, name, caches, proven,
                         llm_kernels.why_not_custom_sdpa(attention, proven, why_not))
         if private is None:
-            how = _flat(context, emit, attention, proven)
+            how = _flat(context, emit, attention, proven, start)
         else:
             how = grouped.rewrite(emit, attention, context.masks, proven)
     except Exception as error:  # noqa: BLE001 - this attention stays as stock has it
@@ -143,8 +164,9 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
         reason = f"internal failure, left as stock leaves it: {type(error).__name__}: {error}"
         warn_or_raise(logger, "xnnfold: kv_cache attention %r %s", name, reason)
         return KVCacheRewrite(name, caches, kept_because=reason)
+    read = (VISIBLE_LEFT,) if visible.HOW in how else attention_left(attention)
     return KVCacheRewrite(name, caches, grouped_kernels(attention), how,
-                          left=(UPDATE_LEFT,) + attention_left(attention),
+                          left=(UPDATE_LEFT,) + read,
                           llm_declined=in_place if llm_wanted else None)
 
 
@@ -161,10 +183,11 @@ def _why_not_private(context: _Context, attention: pattern.CacheAttention) -> Op
     return None
 
 
-def _flat(context: _Context, emit: Emitter, attention: pattern.CacheAttention, proven: bool
-          ) -> str:
+def _flat(context: _Context, emit: Emitter, attention: pattern.CacheAttention, proven: bool,
+          start) -> str:
     """The default rewrite on caches re-shaped ``[B * Hkv, S, D]``: the same updates, on dim 1,
-    and the attention reading the updated buffers as they are."""
+    and the attention reading the updated buffers as they are, only their visible rows where
+    the mask is proven to block the rest (:mod:`.visible`)."""
     reshaped, flat = [], []
     try:
         for update in (attention.key, attention.value):
@@ -173,7 +196,10 @@ def _flat(context: _Context, emit: Emitter, attention: pattern.CacheAttention, p
             reshaped.append(update)
         for update in (attention.key, attention.value):
             flat.append(layout.update_flat(emit, update))
-        how = grouped.rewrite(emit, attention, context.masks, proven, *flat)
+        rows = _visible_rows(context, emit, attention, proven, start)
+        how = grouped.rewrite(emit, attention, context.masks, proven, *flat, visible=rows)
+        if rows is not None:
+            visible.mark_sized(emit.created)
         llm_kernels.erase_old(emit.graph, attention)
     except Exception:
         for update in reshaped:
@@ -181,6 +207,16 @@ def _flat(context: _Context, emit: Emitter, attention: pattern.CacheAttention, p
         raise
     context.relaid.update(u.buffer for u in reshaped)
     return how + "; the cache kept as [B * Hkv, S, D], the same bytes"
+
+
+def _visible_rows(context: _Context, emit: Emitter, attention: pattern.CacheAttention, proven,
+                  start) -> Optional[torch.fx.Node]:
+    """The count of rows the attention reads (:mod:`.visible`), or None: every row."""
+    if not context.visible_rows or attention.mask is None or attention.scores is not None:
+        return None
+    if visible.why_not(proven, start, tensor_val(attention.mask).shape) is not None:
+        return None
+    return context.rows_visible(emit, attention, start)
 
 
 def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, start, name,
@@ -200,9 +236,12 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
             kernels, how = f"{llm_kernels.UPDATE}, {llm_kernels.SDPA}", \
                 "custom_sdpa attends rows 0 .. P + l only"
         else:
+            rows = _visible_rows(context, emit, attention, proven, start)
             how = grouped.rewrite(emit, attention, context.masks, proven,
                                   llm_kernels.cache_3d(emit, attention.key),
-                                  llm_kernels.cache_3d(emit, attention.value))
+                                  llm_kernels.cache_3d(emit, attention.value), visible=rows)
+            if rows is not None:
+                visible.mark_sized(emit.created)
             kernels = f"{llm_kernels.UPDATE}, {grouped_kernels(attention)}"
         llm_kernels.erase_old(emit.graph, attention)
     except Exception:
@@ -210,7 +249,8 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
             layout.restore_buffer(context.program, update, emit.fake_mode)
         raise
     context.relaid.update(u.buffer for u in relaid)
-    left = () if sdpa_declined is None else attention_left(attention)
+    left = () if sdpa_declined is None else \
+        (VISIBLE_LEFT,) if visible.HOW in how else attention_left(attention)
     return KVCacheRewrite(name, caches, kernels,
                           f"rows P .. P + L - 1 written in place; {how}; the cache kept as "
                           "[B * Hkv, S, 1, D], the same bytes", left=left,
@@ -219,10 +259,15 @@ def _llm(context: _Context, emit: Emitter, attention: pattern.CacheAttention, st
 
 
 class KVCacheStep:
+    """``visible_rows``: see :func:`rewrite_kv_caches`."""
+
     name = "kv_cache"
 
+    def __init__(self, visible_rows: bool = False):
+        self.visible_rows = visible_rows
+
     def run(self, program: ExportedProgram, context: Context) -> Outcome:
-        return Outcome(rewrite_kv_caches(program, context.llm_kernels))
+        return Outcome(rewrite_kv_caches(program, context.llm_kernels, self.visible_rows))
 
     def summary(self, records: list) -> Optional[str]:
         """Which kernels the lowered program needs, after this step."""
@@ -238,3 +283,6 @@ class KVCacheStep:
 
 
 STEP = KVCacheStep()
+# the step of a partitioner whose configs take the attention over the visible rows
+# (xnnfold.XnnpackPartitioner, unless executorch's internals are not what it wraps)
+STEP_VISIBLE_ROWS = KVCacheStep(visible_rows=True)

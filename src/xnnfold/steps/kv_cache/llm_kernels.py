@@ -28,9 +28,8 @@ from typing import Optional
 
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
 
-from ...graph.emit import Emitter
+from ...graph.emit import Emitter, item
 from ...graph.node_meta import tensor_val
 from . import layout
 from .pattern import CacheAttention, CacheUpdate
@@ -46,18 +45,6 @@ def load_kernels() -> None:
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
 
 
-def _item(emit: Emitter, start: torch.fx.Node) -> torch.fx.Node:
-    """``start.item()``: an unbacked SymInt, bound in the node's meta (a fresh symbol left
-    unbound in the program's ShapeEnv would break its next trace)."""
-    node = emit(aten.item.default, start)
-    shape_env = emit.fake_mode.shape_env
-    if shape_env is not None:
-        bindings = compute_unbacked_bindings(shape_env, node.meta["val"])
-        if bindings:
-            node.meta["unbacked_bindings"] = bindings
-    return node
-
-
 def _beside(emit: Emitter, anchor: torch.fx.Node) -> Emitter:
     """An emitter before ``anchor`` in ``emit``'s fake mode (an anchor without inputs, an
     ``arange``, has none of its own)."""
@@ -66,15 +53,24 @@ def _beside(emit: Emitter, anchor: torch.fx.Node) -> Emitter:
     return other
 
 
+def start_item(emit: Emitter, start: torch.fx.Node, cache: int) -> torch.fx.Node:
+    """``start.item()`` right after ``start``, constrained to ``0 .. cache - 1`` (the rows an
+    update may start at: a runtime check, and the range the ShapeEnv reasons with); what it
+    creates is recorded in ``emit``."""
+    at_start = _beside(emit, start.next)
+    node = item(at_start, start)
+    at_start(aten.sym_constrain_range_for_size.default, node, min=0, max=cache - 1)
+    emit.created += at_start.created
+    return node
+
+
 def update_in_place(emit: Emitter, attention: CacheAttention, start: torch.fx.Node,
                     started: dict) -> None:
     """Replace the attention's two cache updates by ``update_cache`` on the re-laid-out
     buffers. ``started``: {start node: its item() node}, shared by the layers, made right
     after the start node, before any update reads it."""
     if start not in started:
-        at_start = _beside(emit, start.next)
-        started[start] = _item(at_start, start)
-        emit.created += at_start.created
+        started[start] = start_item(emit, start, attention.key.shape[2])
     for update in (attention.key, attention.value):
         at_update = _beside(emit, update.node)
         rows = layout.rows_flat(at_update, update, extra_dim=True)   # [B * Hkv, L, 1, D]

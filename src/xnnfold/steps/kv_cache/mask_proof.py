@@ -38,6 +38,14 @@ def window_text(window: int) -> str:
     return f"causal within a sliding window of {window} cache rows"
 
 
+def window_of(kind) -> Optional[int]:
+    """``W`` if ``kind`` is :func:`window_text`'s ``W``, else None."""
+    prefix = window_text(0).split("0")[0]
+    if isinstance(kind, str) and kind.startswith(prefix):
+        return int(kind[len(prefix):].split()[0])
+    return None
+
+
 # What a mask that is neither may still be proven to be: no row fully blocked (the plain
 # softmax is SDPA's safe one), e.g. an additive ALiBi bias with the dtype's lowest value, not
 # -inf, where it blocks
@@ -140,7 +148,7 @@ class _Expected:
             at, columns = torch.arange(self.cache)[:, None], torch.arange(self.cache)[None, :]
             table = columns <= at
             if kind != CAUSAL:
-                table = table & (columns > at - int(kind.split("window of ")[1].split()[0]))
+                table = table & (columns > at - window_of(kind))
             if dtype != torch.bool:
                 table = torch.where(table, 0.0, float("-inf")).to(dtype)
             self._tables[kind, dtype] = table

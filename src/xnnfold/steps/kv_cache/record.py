@@ -18,6 +18,9 @@ UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): ind
                ".pte does), which updates it in place; llm_kernels=True makes it "
                "llama::update_cache, in place")
 MASK_LEFT = "the mask is made additive on portable, once per program, on its own [L, S]"
+VISIBLE_LEFT = ("the cache's visible rows are copied by slice on portable (XNNPACK's slice takes "
+                "static sizes only), and the mask over them is built there, once per program, "
+                "on [L, P + L]")
 OPERANDS_LEFT = ("the tensors added to the scores (mask, bias) are viewed grouped on portable, "
                  "once per program, on their own size")
 

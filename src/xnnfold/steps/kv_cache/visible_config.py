@@ -1,0 +1,91 @@
+"""The partitioner's side of the visible rows (:mod:`.visible`): XNNPACK's configs for the
+attention's ops, taking a node the step marked whose sizes include the run-time row count.
+
+executorch 1.5.1's configs decline every node with an unbacked size ("XNNPACK does not support
+empty tensors. But we can't get numel() for unbacked symints"): the attention over the visible
+rows would then stay on portable, its two ``bmm`` as naive loops. A marked node's unbacked
+sizes are ``P + L`` (``P >= 0``, ``L >= 1``): the config checks that each is at least 1 from
+the symbols' ranges, and its dtypes as the stock check does; everything else (the op's own
+constraints) is the stock config's. XNNPACK's runtime takes the sizes of a delegate's inputs at
+each call (as for a dynamic length), so the .pte runs on the stock runtime.
+
+Opened per partitioner instance (its own configs' classes), like the run-time weights'
+(:mod:`xnnfold.steps.runtime_weight.config`); where executorch's internals are not what this
+wraps, the path stays closed and the KV-cache step reads every cache row, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+logger = logging.getLogger("xnnfold")
+
+MARK = "xnnfold_visible_rows"
+# the ops of the attention over the visible rows, as the edge dialect names them
+_WRAPPED_TARGETS = ("bmm.default", "_softmax.default", "add.Tensor", "permute_copy.default")
+_OVERRIDDEN = "_check_node_has_valid_dtype"
+
+
+def mark(node: torch.fx.Node) -> None:
+    node.meta.setdefault("custom", {})[MARK] = True
+
+
+def is_marked(node: torch.fx.Node) -> bool:
+    return bool(node.meta.get("custom", {}).get(MARK))
+
+
+def _at_least_one(size) -> bool:
+    if isinstance(size, int):
+        return size >= 1
+    node = size.node
+    try:
+        return int(node.shape_env.bound_sympy(node.expr).lower) >= 1
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _tensors(node: torch.fx.Node) -> list:
+    values = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+def takes_marked(node: torch.fx.Node) -> bool:
+    """A marked node XNNPACK takes: fp32 tensors, every size at least 1 (an unbacked one by
+    its range)."""
+    tensors = _tensors(node)
+    return bool(tensors) and all(
+        t.dtype == torch.float32 and all(_at_least_one(d) for d in t.shape) for t in tensors)
+
+
+@functools.cache
+def visible_rows_config(base: type) -> type:
+    """``base`` (an XNNPACK config class) also taking a marked node with unbacked sizes."""
+
+    class VisibleRows(base):
+        def _check_node_has_valid_dtype(self, node):
+            if is_marked(node) and any(free_unbacked_symbols(t) for t in _tensors(node)):
+                return takes_marked(node)
+            return super()._check_node_has_valid_dtype(node)
+
+    VisibleRows.__name__ = VisibleRows.__qualname__ = f"VisibleRows{base.__name__}"
+    return VisibleRows
+
+
+def open_visible_rows_path(partitioner) -> bool:
+    """Wrap ``partitioner``'s own configs of the attention's ops (this instance only); False
+    when executorch's internals are not what this wraps (the step then reads every row)."""
+    configs = getattr(partitioner, "target_partitioner_configs", None)
+    if not isinstance(configs, dict) or not all(
+            callable(getattr(configs.get(t), _OVERRIDDEN, None)) for t in _WRAPPED_TARGETS):
+        logger.info("xnnfold: the attention reads every cache row: executorch's partitioner "
+                    "has no %s config with %s", "/".join(_WRAPPED_TARGETS), _OVERRIDDEN)
+        return False
+    for target in _WRAPPED_TARGETS:
+        config = configs[target]
+        config.__class__ = visible_rows_config(type(config))
+    return True
