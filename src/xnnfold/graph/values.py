@@ -23,6 +23,17 @@ def same_size(a, b) -> bool:
     return False
 
 
+def at_least_one(size) -> bool:
+    """Whether a size (an int, or a SymInt by its ShapeEnv's range) is at least 1."""
+    if isinstance(size, int):
+        return size >= 1
+    node = size.node
+    try:
+        return bool(node.shape_env.bound_sympy(node.expr).lower >= 1)
+    except Exception:  # noqa: BLE001 - a range that cannot be read: not known to be >= 1
+        return False
+
+
 def same_shape(a, b) -> bool:
     return len(a) == len(b) and all(same_size(x, y) for x, y in zip(a, b))
 

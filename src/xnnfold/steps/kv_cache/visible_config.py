@@ -23,6 +23,8 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from ...graph.values import at_least_one
+
 logger = logging.getLogger("xnnfold")
 
 MARK = "xnnfold_visible_rows"
@@ -39,16 +41,6 @@ def is_marked(node: torch.fx.Node) -> bool:
     return bool(node.meta.get("custom", {}).get(MARK))
 
 
-def _at_least_one(size) -> bool:
-    if isinstance(size, int):
-        return size >= 1
-    node = size.node
-    try:
-        return int(node.shape_env.bound_sympy(node.expr).lower) >= 1
-    except (TypeError, ValueError, OverflowError):
-        return False
-
-
 def _tensors(node: torch.fx.Node) -> list:
     values = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
     return [v for v in values if isinstance(v, torch.Tensor)]
@@ -59,7 +51,7 @@ def takes_marked(node: torch.fx.Node) -> bool:
     its range)."""
     tensors = _tensors(node)
     return bool(tensors) and all(
-        t.dtype == torch.float32 and all(_at_least_one(d) for d in t.shape) for t in tensors)
+        t.dtype == torch.float32 and all(at_least_one(d) for d in t.shape) for t in tensors)
 
 
 @functools.cache
