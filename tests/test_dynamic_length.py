@@ -9,8 +9,9 @@ from conftest import check_lowering, seed_everything
 
 
 class Heads(nn.Module):
-    """transformers' attention reshapes: ``view(1, T, -1, D)`` after a projection, a transpose,
-    and ``reshape(1, T, -1)`` of the transposed result."""
+    """transformers' attention reshapes: ``view(1, T, -1, D)`` after a projection, heads made
+    contiguous ``[1, H, T, D]`` (as an attention's output is), and ``reshape(1, T, -1)`` of
+    them transposed back: a strided source, which a view alone cannot read."""
 
     def __init__(self):
         super().__init__()
@@ -18,7 +19,7 @@ class Heads(nn.Module):
 
     def forward(self, x):
         length = x.shape[1]
-        heads = self.proj(x).view(1, length, -1, 4).transpose(1, 2) * 2.0
+        heads = self.proj(x).view(1, length, -1, 4).transpose(1, 2).contiguous() * 2.0
         return self.out(heads.transpose(1, 2).reshape(1, length, -1))
 
 

@@ -2,11 +2,11 @@
 views and reshapes with the length in their shape written with -1, the program equal to eager
 for every length; the views it leaves, and why."""
 
+import pytest
 import torch
 from torch import nn
 
 from xnnfold.graph.program_copy import copy_program
-from xnnfold.graph.values import at_least_one
 from xnnfold.pte.compare import compare_outputs
 from xnnfold.steps import dynamic_views
 
@@ -15,10 +15,10 @@ from test_dynamic_length import Heads
 aten = torch.ops.aten
 
 
-def exported(module, low=1):
+def exported(module, width=8):
     torch.manual_seed(0)
-    length = torch.export.Dim("length", min=low, max=16)
-    return torch.export.export(module.eval(), (torch.randn(1, 3, 8),),
+    length = torch.export.Dim("length", min=1, max=16)
+    return torch.export.export(module.eval(), (torch.randn(1, 3, width),),
                                dynamic_shapes=({1: length},))
 
 
@@ -36,13 +36,24 @@ def test_views_written_with_minus_one_and_equal_to_eager():
     assert record.describe().startswith("dynamic_views step: 2 views of a dynamic length")
     assert [list(n.args[1]) for n in views(program)] == [[1, -1, 2, 4], [1, -1, 8]]
     assert all(n.target is aten.view.default for n in views(program))
-    # the reshape of a transposed tensor reads a contiguous copy (a view needs one)
-    assert any(n.target is aten.clone.default for n in program.graph.nodes)
     for length in (1, 5, 16):
         x = torch.randn(1, length, 8)
         assert compare_outputs(program.module()(x), module(x)).ok
     # the caller's program keeps its own shapes
     assert any(not isinstance(d, int) for n in views(ep) for d in n.args[1])
+
+
+def test_strided_source_fails_without_the_copy():
+    """The reshape of the transposed heads read by a view alone: not a valid view."""
+    program = copy_program(exported(Heads()))
+    dynamic_views.rewrite_dynamic_views(program)
+    copies = [n for n in program.graph.nodes if n.target is aten.clone.default]
+    assert len(copies) == 1
+    copies[0].replace_all_uses_with(copies[0].args[0])
+    program.graph.erase_node(copies[0])
+    program.graph_module.recompile()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        program.module()(torch.randn(1, 5, 8))
 
 
 def test_two_dynamic_sizes_are_left():
@@ -54,17 +65,48 @@ def test_two_dynamic_sizes_are_left():
     torch.manual_seed(0)
     dims = {0: torch.export.Dim("batch", min=1, max=4), 1: torch.export.Dim("len", min=1, max=8)}
     ep = torch.export.export(TwoDims(), (torch.randn(2, 3, 8),), dynamic_shapes=({**dims},))
+    assert dynamic_views.rewrite_dynamic_views(copy_program(ep)) == []
+
+
+class Empty(nn.Module):
+    """A view with a static 0 beside the dynamic length: -1 there fits any size."""
+
+    def forward(self, x):
+        return x.reshape(1, x.shape[1], 0) + 1.0
+
+
+def test_static_zero_is_left():
+    ep = exported(Empty(), width=0)
     program = copy_program(ep)
     assert dynamic_views.rewrite_dynamic_views(program) == []
+    assert program.module()(torch.randn(1, 4, 0)).shape == (1, 4, 0)
 
 
-def test_a_size_that_may_be_zero_is_left():
-    """An inferred size is ambiguous for an empty tensor: only sizes proven at least 1."""
-    shape_env = torch.fx.experimental.symbolic_shapes.ShapeEnv()
-    maybe_empty = shape_env.create_unbacked_symint()
-    assert not at_least_one(maybe_empty)
-    assert at_least_one(3) and not at_least_one(0)
-    ep = exported(Heads())
-    length = next(n for n in ep.graph.nodes if n.op == "placeholder" and
-                  n.name == "x").meta["val"].shape[1]
-    assert at_least_one(length)
+def test_static_zero_fails_without_the_rule(monkeypatch):
+    original = dynamic_views.inferred_shape
+
+    def without_rule(node):
+        out = node.meta.get("val")
+        if node.target is aten.reshape.default and out is not None and 0 in out.shape:
+            return [1, -1, 0]
+        return original(node)
+
+    monkeypatch.setattr(dynamic_views, "inferred_shape", without_rule)
+    program = copy_program(exported(Empty(), width=0))
+    assert dynamic_views.rewrite_dynamic_views(program)
+    with pytest.raises(RuntimeError, match="unspecified dimension size -1 can be any value"):
+        program.module()(torch.randn(1, 4, 0))
+
+
+def test_a_view_written_in_place_is_left():
+    """A reshape aliases its source: a write in place through it must reach the source."""
+    class WrittenThrough(nn.Module):
+        def forward(self, x):
+            y = x * 1.0
+            flat = y.reshape(1, -1)
+            flat.add_(1.0)
+            return y
+
+    ep = exported(WrittenThrough(), width=8)
+    program = copy_program(ep)
+    assert dynamic_views.rewrite_dynamic_views(program) == []

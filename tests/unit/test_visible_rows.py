@@ -115,6 +115,15 @@ def test_padding_wrong_without_the_guard(monkeypatch):
     assert not matches(program, module, sequence).ok
 
 
+def test_partitioner_for_other_precisions_keeps_every_row():
+    """A partitioner taking dynamically quantized ops only has no fp32 bmm config to take the
+    attention over the visible rows."""
+    from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
+
+    ours = XnnpackPartitioner(config_precisions=ConfigPrecisionType.DYNAMIC_QUANT)
+    assert kv_cache.STEP in ours.fold.steps and kv_cache.STEP_VISIBLE_ROWS not in ours.fold.steps
+
+
 def test_off_unless_asked():
     """fold_gemm_params with a stock partitioner (whose configs decline run-time sizes) and the
     unit API's default read every row."""

@@ -12,12 +12,14 @@ A ``reshape`` becomes a contiguous copy and a ``view`` (a view keeps its shape a
 the decomposition; the copy is what a reshape of a strided tensor decomposes to anyway, and
 XNNPACK takes it).
 
-Only a view whose output has exactly one dynamic size, proven at least 1 (an inferred size of 0
-would be ambiguous); the node's name and value are kept.
+Only an fp32 view (what XNNPACK's view takes) whose output has exactly one dynamic size and no
+static size 0 (beside which -1 is ambiguous), of an op's result that nothing writes in place
+(a reshape is an alias, its copy is not); the node's name and value are kept.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,11 +27,12 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
+from ..errors import warn_or_raise
 from ..graph.emit import Emitter
 from ..graph.node_meta import tensor_val
-from ..graph.values import at_least_one
 from .protocol import Context, Outcome
 
+logger = logging.getLogger("xnnfold")
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
@@ -56,18 +59,35 @@ def _takes(shape) -> bool:
     return all(isinstance(d, int) for d in shape) and list(shape).count(-1) <= 1
 
 
+def _aliased(node: torch.fx.Node) -> bool:
+    """Whether a write in place could go through the view or to its source (a reshape of a
+    contiguous tensor is an alias of it, a copy is not): the source is an input, or an op that
+    mutates reads the source or the view."""
+    source = node.args[0]
+    if not isinstance(source, torch.fx.Node) or source.op != "call_function":
+        return True
+    readers = list(source.users) + list(node.users)
+    return any(isinstance(r.target, torch._ops.OpOverload) and r.target._schema.is_mutable
+               for r in readers)
+
+
 def inferred_shape(node: torch.fx.Node) -> Optional[list]:
-    """The view's shape with its one dynamic size as -1, if XNNPACK declines the one it has."""
+    """The view's shape with its one dynamic size as -1, where XNNPACK declines the one it has
+    (or the decomposition would write it out); else None."""
     if node.op != "call_function" or node.target not in _VIEWS or len(node.args) < 2:
         return None
     shape, out = node.args[1], tensor_val(node)
     if out is None or not isinstance(shape, (list, tuple)):
         return None
+    # fp32: what XNNPACK's view takes here (an int or bool view would only gain a copy)
+    if out.dtype != torch.float32 or _aliased(node):
+        return None
     # a view keeps its shape argument through the decomposition; a reshape's is recomputed
     if node.target is aten.view.default and _takes(shape):
         return None
     dynamic = [i for i, d in enumerate(out.shape) if not isinstance(d, int)]
-    if len(dynamic) != 1 or not all(at_least_one(d) for d in out.shape):
+    # -1 beside a static 0 is ambiguous (any size fits no elements)
+    if len(dynamic) != 1 or any(isinstance(d, int) and d == 0 for d in out.shape):
         return None
     return [-1 if i == dynamic[0] else d for i, d in enumerate(out.shape)]
 
@@ -85,18 +105,27 @@ def rewrite_dynamic_views(program: ExportedProgram) -> list:
         shape = inferred_shape(node)
         if shape is None:
             continue
-        views.append((node.name, _shown(node.args[1]), _shown(shape)))
-        source = node.args[0]
-        if node.target is not aten.view.default:
-            # a reshape decomposes to a view (or a copy and a view) of the computed shape, the
-            # -1 lost; a copy written out and a view keep it. The copy also makes the view valid
-            # whatever the source's strides: the fake values of nodes after an earlier step's
-            # rewrite keep the strides of the export (an SDPA's output was [B, L, H, D] in
-            # memory; the rewritten attention's is [B, H, L, D])
-            emit = Emitter(program.graph, node)
-            source = emit(aten.clone.default, source, memory_format=torch.contiguous_format)
-        node.target = aten.view.default
-        node.args = (source, shape)
+        was = (node.target, node.args)
+        emit = Emitter(program.graph, node)
+        try:
+            source = node.args[0]
+            if node.target is not aten.view.default:
+                # a reshape decomposes to a view (or a copy and a view) of the computed shape,
+                # the -1 lost; a copy written out and a view keep it. The copy also makes the
+                # view valid whatever the source's strides: the fake values of nodes after an
+                # earlier step's rewrite keep the strides of the export (an SDPA's output was
+                # [B, L, H, D] in memory; the rewritten attention's is [B, H, L, D]). Inside the
+                # delegate it is one copy of the activation.
+                source = emit(aten.clone.default, source, memory_format=torch.contiguous_format)
+            node.target = aten.view.default
+            node.args = (source, shape)
+        except Exception as error:  # noqa: BLE001 - this view stays as it was
+            node.target, node.args = was
+            emit.discard()
+            warn_or_raise(logger, "xnnfold: dynamic_views: %s left as it was: %s: %s",
+                          node.name, type(error).__name__, error)
+            continue
+        views.append((node.name, _shown(was[1][1]), _shown(shape)))
     if not views:
         return []
     program.graph.eliminate_dead_code()      # the sym_size nodes only those views read

@@ -214,7 +214,8 @@ def _visible_rows(context: _Context, emit: Emitter, attention: pattern.CacheAtte
     """The count of rows the attention reads (:mod:`.visible`), or None: every row."""
     if not context.visible_rows or attention.mask is None or attention.scores is not None:
         return None
-    if visible.why_not(proven, start, tensor_val(attention.mask).shape) is not None:
+    # (fp32 only, as visible_config takes it: the step rewrites fp32 caches alone, pattern.py)
+    if visible.why_not(proven, start) is not None:
         return None
     return context.rows_visible(emit, attention, start)
 

@@ -55,8 +55,8 @@ def _beside(emit: Emitter, anchor: torch.fx.Node) -> Emitter:
 
 def start_item(emit: Emitter, start: torch.fx.Node, cache: int) -> torch.fx.Node:
     """``start.item()`` right after ``start``, constrained to ``0 .. cache - 1`` (the rows an
-    update may start at: a runtime check, and the range the ShapeEnv reasons with); what it
-    creates is recorded in ``emit``."""
+    update may start at: the range the ShapeEnv reasons with; executorch removes the check from
+    the .pte); what it creates is recorded in ``emit``."""
     at_start = _beside(emit, start.next)
     node = item(at_start, start)
     at_start(aten.sym_constrain_range_for_size.default, node, min=0, max=cache - 1)

@@ -10,8 +10,10 @@ layer of a 1.13 ms step over every row, 0.017 ms over the visible rows, plus 0.0
 of the two slices below.
 
 This module builds, once per program, the count ``V = P + L`` (``P.item()``, the step's start,
-an unbacked SymInt constrained to ``0 .. S - 1``, plus the step's length; ``V <= S`` asserted,
-which the runtime checks and the ShapeEnv then knows), the cache cut to its first ``V`` rows
+an unbacked SymInt constrained to ``0 .. S - 1``, plus the step's length; ``V <= S`` asserted
+for the ShapeEnv, which then sizes the slices ``V``; executorch strips both checks from the
+.pte, where the cache update's own bounds check refuses a start past the cache), the cache cut
+to its first ``V`` rows
 (``slice`` on portable: XNNPACK's slice takes static sizes only; XNNPACK's ``bmm`` then reads a
 shape it is given at each call, see :mod:`.visible_config`), and the additive mask over those
 rows, built from the positions on ``[L, V]`` rather than the model's ``[L, S]``.
@@ -44,15 +46,14 @@ def blocks_past_position(proven) -> bool:
     return proven == CAUSAL or mask_proof.window_of(proven) is not None
 
 
-def why_not(proven, start, mask_shape) -> Optional[str]:
-    """Why this attention reads every cache row (None: it may read the visible rows only)."""
+def why_not(proven, start) -> Optional[str]:
+    """Why this attention reads every cache row (None: it may read the visible rows only). A
+    mask per head is proven head by head against the one table (:mod:`.mask_proof`), a mask
+    per batch is not proven: the mask built here serves every head and batch entry."""
     if start is None:
         return "the positions written are not proven arange(L) + P"
     if not blocks_past_position(proven):
         return "the mask is not proven causal from the position"
-    lead = ([1] * 4 + list(mask_shape))[-4:-2]
-    if any(not (isinstance(d, int) and d == 1) for d in lead):
-        return "the mask is per batch or per head"
     return None
 
 
@@ -66,8 +67,9 @@ def count(emit: Emitter, start_item: torch.fx.Node, query: torch.fx.Node, cache:
         length = emit(aten.sym_size.int, query, 2)
     end = emit(operator.add, start_item, length)
     # P + L <= S for every step the update accepts, but not from the symbols' ranges alone
-    # (P <= S - 1, L <= its bound): asserted (a runtime check, and a fact the ShapeEnv then
-    # knows), the slices' sizes are P + L, not fresh unbound symbols
+    # (P <= S - 1, L <= its bound): asserted, a fact the ShapeEnv then knows, the slices' sizes
+    # are P + L, not fresh unbound symbols (executorch removes the assert from the .pte, and
+    # plans the slices for the ranges' bound, S - 1 + L's largest)
     emit(aten._assert_scalar.default, emit(operator.le, end, cache),
          f"xnnfold: the step's last row is past the cache's {cache} rows")
     return end
@@ -78,8 +80,7 @@ def mark_sized(nodes) -> None:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     for node in nodes:
-        values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
-        if any(isinstance(v, torch.Tensor) and free_unbacked_symbols(v) for v in values):
+        if any(free_unbacked_symbols(t) for t in visible_config.tensors_of(node)):
             visible_config.mark(node)
 
 
@@ -89,7 +90,8 @@ def rows(emit: Emitter, cache3: torch.fx.Node, visible: torch.fx.Node) -> torch.
 
 
 def window_rows(proven) -> Optional[int]:
-    """The window ``W`` a query row attends within (None: every row up to its position)."""
+    """``W`` where a query row attends the ``W`` rows up to its position only (a window), None
+    where it attends every row up to it: the lower bound of the mask built below."""
     return mask_proof.window_of(proven)
 
 

@@ -5,8 +5,8 @@ executorch 1.5.1's configs decline every node with an unbacked size ("XNNPACK do
 empty tensors. But we can't get numel() for unbacked symints"): the attention over the visible
 rows would then stay on portable, its two ``bmm`` as naive loops. A marked node's unbacked
 sizes are ``P + L`` (``P >= 0``, ``L >= 1``): the config checks that each is at least 1 from
-the symbols' ranges, and its dtypes as the stock check does; everything else (the op's own
-constraints) is the stock config's. XNNPACK's runtime takes the sizes of a delegate's inputs at
+the symbols' ranges and that its tensors are fp32 (the KV-cache step marks fp32 attentions
+only); everything else (the op's own constraints) is the stock config's. XNNPACK's runtime takes the sizes of a delegate's inputs at
 each call (as for a dynamic length), so the .pte runs on the stock runtime.
 
 Opened per partitioner instance (its own configs' classes), like the run-time weights'
@@ -21,6 +21,7 @@ import logging
 
 import torch
 import torch.fx
+from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ...graph.values import at_least_one
@@ -41,7 +42,8 @@ def is_marked(node: torch.fx.Node) -> bool:
     return bool(node.meta.get("custom", {}).get(MARK))
 
 
-def _tensors(node: torch.fx.Node) -> list:
+def tensors_of(node: torch.fx.Node) -> list:
+    """The tensors ``node`` reads and makes (their fake values)."""
     values = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
     return [v for v in values if isinstance(v, torch.Tensor)]
 
@@ -49,7 +51,7 @@ def _tensors(node: torch.fx.Node) -> list:
 def takes_marked(node: torch.fx.Node) -> bool:
     """A marked node XNNPACK takes: fp32 tensors, every size at least 1 (an unbacked one by
     its range)."""
-    tensors = _tensors(node)
+    tensors = tensors_of(node)
     return bool(tensors) and all(
         t.dtype == torch.float32 and all(at_least_one(d) for d in t.shape) for t in tensors)
 
@@ -60,7 +62,7 @@ def visible_rows_config(base: type) -> type:
 
     class VisibleRows(base):
         def _check_node_has_valid_dtype(self, node):
-            if is_marked(node) and any(free_unbacked_symbols(t) for t in _tensors(node)):
+            if is_marked(node) and any(free_unbacked_symbols(t) for t in tensors_of(node)):
                 return takes_marked(node)
             return super()._check_node_has_valid_dtype(node)
 
@@ -76,6 +78,11 @@ def open_visible_rows_path(partitioner) -> bool:
             callable(getattr(configs.get(t), _OVERRIDDEN, None)) for t in _WRAPPED_TARGETS):
         logger.info("xnnfold: the attention reads every cache row: executorch's partitioner "
                     "has no %s config with %s", "/".join(_WRAPPED_TARGETS), _OVERRIDDEN)
+        return False
+    # a partitioner for other precisions (config_precisions=DYNAMIC_QUANT) takes no fp32 bmm:
+    # the attention over the visible rows would stay on portable
+    if not all(ConfigPrecisionType.FP32 in getattr(configs[t], "enabled_precision_types", ())
+               for t in _WRAPPED_TARGETS):
         return False
     for target in _WRAPPED_TARGETS:
         config = configs[target]
