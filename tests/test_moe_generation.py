@@ -130,3 +130,27 @@ def test_a_gate_xnnpack_cannot_take_leaves_each_gemm_a_delegate():
             expected = batched_mm_experts_forward(experts, x, torch.full((3, 1), e),
                                                   torch.ones(3, 1))
             assert torch.allclose(expert(x), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("llm_kernels", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["default", "llm-kernels"])
+def test_routed_experts_beside_a_kv_cache_attention(llm_kernels):
+    """Mixtral (tiny dims): its attention over the cache (the KV-cache step's) beside the routed
+    experts' conds. An item() of the position beside a cond fails the lowering
+    (PendingUnbackedSymbolNotFound): the step reads every cache row and declines the LLM
+    kernels, the lowering passes and generates eager's tokens."""
+    from xnnfold.models import families
+    from xnnfold.steps.kv_cache import visible
+
+    seed_everything("mixtral")
+    model = families.build("mixtral", families.FAST)
+    generation = export_causal_lm(model, max_cache=CACHE, max_prefill=PREFILL)
+    low = lower_generation(generation, partitioner_kwargs={"llm_kernels": llm_kernels})
+    (partitioner,) = low.partitioners.values()
+    records = partitioner.last_result.records["kv_cache"]
+    assert records and all(r.rewritten and visible.HOW not in r.proven for r in records)
+    assert all("control flow" in r.llm_declined for r in records) if llm_kernels else True
+    prompt = list(range(3, 3 + PROMPT))
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
+    assert Generator(low.pte).generate(prompt, max_new=4).tokens == want[0, PROMPT:].tolist()

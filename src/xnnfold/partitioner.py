@@ -124,8 +124,11 @@ def fold_gemm_params(ep: ExportedProgram,
         prefer = partitioner.fold.rules.prefer
     if llm_kernels is None:
         llm_kernels = isinstance(partitioner, XnnpackPartitioner) and partitioner.fold.llm_kernels
-    return FoldGemmParams(partitioner, rules.preferring(prefer), config, attention,
-                          llm_kernels)(ep)
+    folder = FoldGemmParams(partitioner, rules.preferring(prefer), config, attention,
+                            llm_kernels)
+    if isinstance(partitioner, XnnpackPartitioner):
+        folder.steps = partitioner.fold.steps       # the steps its configs were opened for
+    return folder(ep)
 
 
 def _fix_passthrough(result) -> None:

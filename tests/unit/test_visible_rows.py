@@ -172,3 +172,31 @@ def test_config_takes_marked_nodes_with_sizes_of_at_least_one():
         assert not visible_config.takes_marked(node)
     finally:
         node.meta["val"] = saved
+
+
+class WithControlFlow(torch.nn.Module):
+    """An attention over a cache, then a ``torch.cond`` on its output (a routed mixture of
+    experts' form)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = CacheAttention("hf")
+
+    def forward(self, x, cache_position):
+        out = self.attention(x, cache_position)
+        return torch.cond(out.sum() > 0, lambda o: o * 2.0, lambda o: o - 1.0, (out,))
+
+
+@pytest.mark.parametrize("llm", [False, True], ids=["default", "llm-kernels"])
+def test_control_flow_makes_no_item(llm):
+    """An item() of the position beside a cond fails the lowering of a mixture of experts
+    (tests/test_moe_generation.py lowers one): the step reads every row and declines the LLM
+    kernels."""
+    module = WithControlFlow()
+    sequence = varied_steps()
+    _, program, records = rewritten(module, sequence[0], dynamic=True, llm=llm)
+    assert records[0].rewritten and visible.HOW not in records[0].proven
+    assert "control flow" in (records[0].llm_declined or "") or not llm
+    assert not any(n.target is torch.ops.aten.item.default for n in program.graph.nodes)
+    program.run_decompositions({})
+    assert matches(program, module, sequence).ok

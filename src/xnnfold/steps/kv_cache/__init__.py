@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+import torch
 import torch.fx
 
 from torch.export import ExportedProgram
@@ -45,6 +46,18 @@ from .record import (KVCacheRewrite, UPDATE_LEFT, VISIBLE_LEFT, attention_left,
 
 logger = logging.getLogger("xnnfold")
 
+def _why_no_item(program: ExportedProgram) -> Optional[str]:
+    """Why the step makes no ``item()`` of the start position in ``program`` (the LLM kernels'
+    and the visible rows' need), or None. A program with control flow (a mixture of experts'
+    ``torch.cond``) fails its next retrace with one beside it (measured: executorch's
+    ``run_decompositions`` raises ``PendingUnbackedSymbolNotFound`` from the first branch)."""
+    for node in program.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            return (f"the program has control flow ({node.target.__name__}): an item() of the "
+                    "position beside it fails its retrace")
+    return None
+
+
 class _Context:
     """What the rewrites of one program share: facts, proofs, the mask parts, the item()."""
 
@@ -61,6 +74,7 @@ class _Context:
         self.started: dict = {}
         self.relaid: set = set()
         self.visible: dict = {}
+        self.no_item = _why_no_item(program)
 
     def forget(self, erased: list) -> None:
         """Drop what was built from nodes about to be erased (a rewrite given up)."""
@@ -148,7 +162,7 @@ def _rewrite_one(context: _Context, attention: pattern.CacheAttention, llm_wante
     private = _why_not_private(context, attention)
     in_place = private or (None if start is not None else
                            "the positions written are not arange(L) + P (or a single "
-                           "position) for both caches")
+                           "position) for both caches") or context.no_item
     emit = Emitter(context.program.graph, attention.sdpa)
     try:
         if llm_wanted and in_place is None:
@@ -212,7 +226,8 @@ def _flat(context: _Context, emit: Emitter, attention: pattern.CacheAttention, p
 def _visible_rows(context: _Context, emit: Emitter, attention: pattern.CacheAttention, proven,
                   start) -> Optional[torch.fx.Node]:
     """The count of rows the attention reads (:mod:`.visible`), or None: every row."""
-    if not context.visible_rows or attention.mask is None or attention.scores is not None:
+    if not context.visible_rows or attention.mask is None or attention.scores is not None or \
+            context.no_item is not None:
         return None
     # (fp32 only, as visible_config takes it: the step rewrites fp32 caches alone, pattern.py)
     if visible.why_not(proven, start) is not None:
