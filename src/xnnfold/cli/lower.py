@@ -30,7 +30,9 @@ def _cmd_explain(args) -> int:
 
     program = program_of(args.program, args.quantize)
     if not args.all:
-        result = xnnfold.fold_gemm_params(program, llm_kernels=args.llm_kernels)
+        # xnnfold's partitioner: the steps its lowering runs (its configs opened for them)
+        result = xnnfold.fold_gemm_params(
+            program, xnnfold.XnnpackPartitioner(llm_kernels=args.llm_kernels))
         print(xnnfold.format_explanation(Explanation.of(result)))
         return 0
     from ..explain import columns
