@@ -185,10 +185,10 @@ def _generated_programs_test(shard: int):
     return test if FUZZ else seed(shard)(test)
 
 
-# make test runs the first three shards (30 examples); make test-all all ten (the slow set)
+# make test runs the first two shards (20 examples); make test-all all ten (the slow set)
 for _shard in range(SHARDS):
     globals()[f"test_generated_programs_{_shard}"] = _generated_programs_test(_shard) \
-        if FUZZ or _shard < 3 else pytest.mark.slow(_generated_programs_test(_shard))
+        if FUZZ or _shard < 2 else pytest.mark.slow(_generated_programs_test(_shard))
 
 
 _progress = {"examples": 0, "start": time.monotonic()}
