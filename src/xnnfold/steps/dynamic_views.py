@@ -28,7 +28,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from ..errors import warn_or_raise
-from ..graph.emit import Emitter
+from ..graph.emit import Emitter, reshape_arg
 from ..graph.node_meta import tensor_val
 from .protocol import Context, Outcome
 
@@ -89,7 +89,7 @@ def inferred_shape(node: torch.fx.Node) -> Optional[list]:
     # -1 beside a static 0 is ambiguous (any size fits no elements)
     if len(dynamic) != 1 or any(isinstance(d, int) and d == 0 for d in out.shape):
         return None
-    return [-1 if i == dynamic[0] else d for i, d in enumerate(out.shape)]
+    return reshape_arg(out.shape)
 
 
 def _shown(shape) -> str:
