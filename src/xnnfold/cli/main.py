@@ -9,11 +9,11 @@ import os
 import sys
 
 from ..usage import CommandParser, ParserError, UsageError
-from . import bench, hf, lower, report, transcribe
+from . import bench, generate, hf, lower, report, transcribe
 from .command import CommandFailed
 
 
-COMMANDS = (report.REPORT, lower.LOWER, lower.EXPLAIN, hf.HF, hf.GENERATE,
+COMMANDS = (report.REPORT, lower.LOWER, lower.EXPLAIN, hf.HF, generate.GENERATE,
             transcribe.TRANSCRIBE, bench.BENCH)
 
 
