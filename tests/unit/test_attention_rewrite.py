@@ -200,13 +200,13 @@ def test_broadcast_matmul_is_left_as_it_was():
 def test_a_rewrite_that_fails_half_way_leaves_the_node_as_it_was(monkeypatch, caplog):
     # users' mode (strict mode raises instead: tests/unit/test_give_up_paths.py)
     set_strict(monkeypatch, False)
-    build = attention.sdpa._causal_mask
+    build = attention.sdpa.causal_mask
 
     def fails_after_emitting(emit, *args):
         build(emit, *args)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(attention.sdpa, "_causal_mask", fails_after_emitting)
+    monkeypatch.setattr(attention.sdpa, "causal_mask", fails_after_emitting)
     inputs = qkv()
     ep, copy, records = rewritten(Sdpa(is_causal=True), inputs)
     assert "internal failure" in records[0].kept_because and "boom" in records[0].kept_because
@@ -242,8 +242,8 @@ def test_a_mask_read_by_several_attentions_is_prepared_once(kwargs, mask, op):
 
 
 def test_without_merging_each_attention_prepares_the_mask_again(monkeypatch):
-    # The negative test of shared.merge_repeats: the count it makes 1 is 2 without it.
-    monkeypatch.setattr(attention.shared, "merge_repeats", lambda graph, created: 0)
+    # The negative test of graph.sdpa.merge_mask_repeats: the count it makes 1 is 2 without it.
+    monkeypatch.setattr(attention.sdpa_rules, "merge_mask_repeats", lambda graph, created: 0)
     q, k, v = qkv()
     _, copy, _ = rewritten(TwoLayers(), (q, k, v, bool_mask_with_empty_row()))
     assert [n.target for n in copy.graph.nodes].count(torch.ops.aten.where.self) == 2

@@ -12,9 +12,10 @@ from torch.export import ExportedProgram
 from ...errors import warn_or_raise
 from ...graph.validity import sync_output_specs
 from ..protocol import Context, Outcome
-from . import matmul, sdpa, shared
+from . import matmul, sdpa
 from ...graph.emit import Emitter
 from .record import AttentionRewrite
+from ...graph import sdpa as sdpa_rules
 from ...graph.sdpa import SDPA
 from .sdpa import CAUSAL, KEEP_FACTOR, NO_MASK
 
@@ -53,7 +54,8 @@ def rewrite_attention(program: ExportedProgram) -> list:
             warn_or_raise(logger, "xnnfold: %s %r %s", op, name, reason)
         records.append(AttentionRewrite(name, kept_because=reason, op=op))
     if any(r.rewritten for r in records):
-        shared.merge_repeats(graph, set(graph.nodes) - before)   # one mask, computed once
+        # one mask, computed once
+        sdpa_rules.merge_mask_repeats(graph, set(graph.nodes) - before)
         graph.lint()
         program.graph_module.recompile()
         sync_output_specs(program)     # an attention the model returns is a new node now

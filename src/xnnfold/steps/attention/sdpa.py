@@ -34,8 +34,9 @@ import torch.fx
 
 from . import quantized
 from ...graph.node_meta import tensor_val
-from ...graph.emit import MAX_RANK, Emitter, reshape_arg, reshape_source, static_shape
-from ...graph.sdpa import mask_parts, sdpa_args
+from ...graph.emit import MAX_RANK, Emitter, reshape_arg, static_shape
+from ...graph.sdpa import (causal_mask, mask_parts, reshaper, scale_of, sdpa_args,
+                           why_not_dropout, why_not_mask)
 from .restride import replace_uses
 
 aten = torch.ops.aten
@@ -53,8 +54,8 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
     q, k, v = (tensor_val(a[n]) for n in ("query", "key", "value"))
     if q is None or k is None or v is None:
         return "q, k or v has no tensor metadata"
-    if a["dropout_p"] != 0.0:
-        return f"dropout_p={a['dropout_p']}: random, not rewritten"
+    if (reason := why_not_dropout(a)) is not None:
+        return reason
     if any(t.dtype != torch.float32 for t in (q, k, v)):
         return f"dtype {q.dtype}: XNNPACK's bmm and softmax are taken in fp32 only"
     if not 3 <= q.dim() <= MAX_RANK or k.dim() != q.dim() or v.dim() != q.dim():
@@ -70,9 +71,9 @@ def why_kept(node: torch.fx.Node) -> Optional[str]:
     if mask is not None:
         if a["is_causal"]:
             return "both attn_mask and is_causal"
+        if (reason := why_not_mask(a, q)) is not None:
+            return reason
         m = tensor_val(mask)
-        if m is None or m.dim() > q.dim() or m.dtype not in (torch.bool, q.dtype):
-            return "attn_mask of another dtype than bool or q's, or of a higher rank"
         mask_3d = _mask_3d(q, m)
         reshaped = list(q.shape)[:-1] + [k.shape[-2]] if mask_3d is None else \
             mask_3d if m.dim() > 3 else []
@@ -94,14 +95,6 @@ def _mask_3d(q: torch.Tensor, m: torch.Tensor) -> Optional[list]:
     return None
 
 
-def _causal_mask(emit: Emitter, rows, cols, dtype: torch.dtype) -> torch.fx.Node:
-    """Additive top-left causal mask [rows, cols], built at run time like stock builds it."""
-    allowed = emit(aten.tril.default, emit(aten.ones.default, [rows, cols], dtype=torch.bool))
-    zeros = emit(aten.zeros.default, [rows, cols], dtype=dtype)
-    return emit(aten.masked_fill.Scalar, zeros, emit(aten.logical_not.default, allowed),
-                float("-inf"))
-
-
 def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
     """Replace ``node`` (an SDPA that :func:`why_kept` accepts) by the explicit computation;
     return what was proven about its masked rows."""
@@ -110,7 +103,7 @@ def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
     qv, kv, vv = tensor_val(q), tensor_val(k), tensor_val(v)
     lead, (L, E), S, Ev = list(qv.shape[:-2]), qv.shape[-2:], kv.shape[-2], vv.shape[-1]
     batch = math.prod(lead)
-    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(E)
+    scale = scale_of(a, E)
 
     additive, keep, proven = None, None, NO_MASK
     if mask is not None:
@@ -120,11 +113,9 @@ def rewrite_one(emit: Emitter, node: torch.fx.Node) -> str:
         # A dynamic size is read from q / k at run time, as stock's causal mask reads it.
         rows = L if isinstance(L, int) else emit(aten.sym_size.int, q, qv.dim() - 2)
         cols = S if isinstance(S, int) else emit(aten.sym_size.int, k, kv.dim() - 2)
-        additive, proven = _causal_mask(emit, rows, cols, qv.dtype), CAUSAL
+        additive, proven = causal_mask(emit, rows, cols, qv.dtype), CAUSAL
 
-    def reshape(x, shape):
-        return reshape_source(x, shape) or emit(aten.reshape.default, x, reshape_arg(shape))
-
+    reshape = reshaper(emit)
     q3 = reshape(emit(aten.mul.Tensor, q, scale), [batch, L, E])
     k3 = emit(aten.transpose.int, reshape(k, [batch, S, E]), 1, 2)
     scores = emit(aten.bmm.default, q3, k3)                           # [batch, L, S]
