@@ -7,6 +7,8 @@ keys and values computed once per input (XNNPACK's GEMMs counted per call in an 
 methods loaded with memory of their own, as executorch's ``Module`` loads them;
 ``xnnfold transcribe`` and ``xnnfold generate`` on the .pte."""
 
+import contextlib
+import io
 import json
 import tempfile
 import wave
@@ -32,7 +34,10 @@ def whisper_pte(tmp_path_factory):
     root = tmp_path_factory.mktemp("whisper")
     folder = speech.save_whisper_folder(root / "model", "test", vocab=VOCAB, frames=FRAMES)
     pte = root / "w.pte"
-    assert cli.main(["hf", str(folder), "-o", str(pte)]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(["hf", str(folder), "-o", str(pte)]) == 0
+    (root / "hf-printed.txt").write_text(printed.getvalue())     # what the user read
     return folder, pte
 
 
@@ -160,6 +165,52 @@ def test_transcribe_command(whisper_pte, whisper_model, tmp_path, capsys):
     # more tokens than the decoder's cache holds: said before any work, not cut short
     assert cli.main(["transcribe", str(pte), str(tmp_path / "f.npy"), "--max-new", "500"]) == 2
     assert "this .pte's cache has 448" in capsys.readouterr().err
+
+
+def test_hf_says_what_its_bytes_count_and_where_the_runner_comes_from(whisper_pte):
+    _, pte = whisper_pte
+    printed = (pte.parent / "hf-printed.txt").read_text()
+    header, _, encoder, decoder = printed.splitlines()[:4]
+    pte_bytes, ptd_bytes = pte.stat().st_size, pte.with_suffix(".ptd").stat().st_size
+    assert " .pte + .ptd bytes " in header, header
+    both = f" {pte_bytes + ptd_bytes:,} ({pte_bytes:,} + {ptd_bytes:,}) "
+    assert both in encoder and both in decoder, (both, encoder, decoder)
+    assert "(whisper_runner --model_path " in printed and ": a C++ program not in the pip " \
+        "wheel, built from executorch's sources, examples/models/whisper)" in printed, printed
+
+
+def test_transcribe_reads_the_extractor_a_processor_saved(whisper_pte, tmp_path, capsys):
+    """A folder WhisperProcessor.save_pretrained wrote (transformers 5: the feature extractor
+    inside processor_config.json, no preprocessor_config.json): a WAV is transcribed as with
+    the model folder's preprocessor_config.json."""
+    from byte_tokenizer import byte_level_tokenizer
+    from xnnfold.export.transformers import import_transformers
+
+    tf = import_transformers()
+    folder, pte = whisper_pte
+    processor_folder = tmp_path / "processor"
+    byte_level_tokenizer(tmp_path / "tokenizer.json", 200)
+    tf.WhisperProcessor(
+        feature_extractor=tf.WhisperFeatureExtractor.from_pretrained(str(folder)),
+        tokenizer=tf.WhisperTokenizer(tokenizer_file=str(tmp_path / "tokenizer.json")),
+    ).save_pretrained(processor_folder)
+    assert not (processor_folder / "preprocessor_config.json").exists()
+    (processor_folder / "generation_config.json").write_bytes(
+        (folder / "generation_config.json").read_bytes())
+    rng = numpy.random.default_rng(44)
+    with wave.open(str(tmp_path / "a.wav"), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        wav.writeframes((rng.standard_normal(16000) * 4000).astype("<i2").tobytes())
+    generated = []
+    for model_folder in (folder, processor_folder):
+        assert cli.main(["transcribe", str(pte), str(tmp_path / "a.wav"), "--folder",
+                         str(model_folder), "--language", "en", "--max-new", "4",
+                         "--no-warmup"]) == 0
+        generated.append(next(line for line in capsys.readouterr().out.splitlines()
+                              if line.startswith("generated")))
+    assert generated[0] == generated[1], generated
 
 
 def test_tied_tables_are_found_by_their_readers():

@@ -4,8 +4,10 @@ answer, every bench script parses its arguments first; all of it without importi
 
 import json
 import os
+import random
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
 import pytest
@@ -67,7 +69,32 @@ def folder(tmp_path_factory):
     (folder / "empty").mkdir()
     (folder / "notes.txt").write_text("x")
     (folder / "existing").mkdir()
+    # a class the installed transformers does not have, though its name reads as a causal LM
+    (folder / "foo").mkdir()
+    (folder / "foo" / "config.json").write_text(json.dumps(
+        {"model_type": "foo", "architectures": ["FooForCausalLM"]}))
+    # .pte files: random bytes, a header saying the file is longer, a sound header alone
+    rng = random.Random(44)
+    (folder / "random.pte").write_bytes(bytes(rng.randrange(256) for _ in range(64)))
+    (folder / "truncated.pte").write_bytes(_pte_header(program=1000, base=1024, data=4096))
+    (folder / "sound.pte").write_bytes(_pte_header(program=40, base=0, data=0))
+    with wave.open(str(folder / "speech.wav"), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        wav.writeframes(bytes(3200))
+    # what WhisperProcessor.save_pretrained writes beside a tokenizer, its extractor left out
+    (folder / "no-extractor").mkdir()
+    (folder / "no-extractor" / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "WhisperProcessor"}))
     return folder
+
+
+def _pte_header(program: int, base: int, data: int) -> bytes:
+    """The first 40 bytes of a .pte (exir/_serialize/_program.py): the flatbuffer's root
+    offset, the identifier, the extended header with the sizes given."""
+    return (bytes(4) + b"ET12" + b"eh00" + (32).to_bytes(4, "little") +
+            b"".join(n.to_bytes(8, "little") for n in (program, base, data)))
 
 
 UNWRITABLE = "/sys/xnnfold-test.pte"      # sysfs takes no new file, even from root
@@ -118,6 +145,25 @@ BAD = [  # argv, what the one line says
     (["generate", "x.pte", "--tokens", "-5,2"],
      "--tokens '-5,2': token ids are 0 or more, not -5"),
     ([], "the following arguments are required: COMMAND"),
+    # a factory given by its file: the spelling that works
+    (["lower", "mymodel.py:build", "-o", "x.pte"], "mymodel.py:build: a factory is "
+     "module:function, the module by its name, not its file: mymodel:build"),
+    (["report", "sub/other.py:build"], "sub/other.py:build: a factory is module:function, the "
+     "module by its name, not its file: other:build, run from sub (the current folder is "
+     "importable) or with PYTHONPATH=sub (and there is no file sub/other.py)"),
+    # a .pte that is not one: from its first bytes, before torch and the runtime
+    (["generate", "random.pte", "--tokens", "1"],
+     "random.pte: not an ExecuTorch program (bytes 4-8 are "),
+    (["generate", "truncated.pte", "--tokens", "1"],
+     "truncated.pte: a truncated ExecuTorch program (40 bytes; its header says 5,120)"),
+    (["generate", "existing", "--tokens", "1"], "existing: is a folder, not a .pte"),
+    (["transcribe", "truncated.pte", "speech.wav"], "truncated.pte: a truncated ExecuTorch"),
+    # a WAV's feature extractor: preprocessor_config.json, or processor_config.json holding it
+    (["transcribe", "sound.pte", "speech.wav"], "speech.wav: a WAV needs the model folder's "
+     "feature extractor (--folder with preprocessor_config.json, or processor_config.json "
+     "with a feature_extractor entry as WhisperProcessor.save_pretrained writes it)"),
+    (["transcribe", "sound.pte", "speech.wav", "--folder", "no-extractor"],
+     "speech.wav: a WAV needs the model folder's feature extractor"),
 ]
 
 
@@ -128,8 +174,25 @@ def test_bad_input_is_one_line_and_exit_2_before_torch(folder):
         assert code == 2 and len(lines) == 1, (argv, code, err)
         assert lines[0].startswith("xnnfold: error: ") and says in lines[0], (argv, lines)
     assert sorted(p.name for p in folder.iterdir()) == [
-        "empty", "existing", "gpt", "mamba", "mymodel.py", "notes.txt",
-        "vit"]                                                       # nothing left behind
+        "empty", "existing", "foo", "gpt", "mamba", "mymodel.py", "no-extractor", "notes.txt",
+        "random.pte", "sound.pte", "speech.wav", "truncated.pte", "vit"]  # nothing left behind
+
+
+def test_a_class_transformers_lacks_is_refused_before_torch_imports(folder):
+    """Asked of transformers' names (its import alone), not after the run has imported torch
+    (4-5 s more): here torch is installed, and still not imported when the command returns."""
+    code = ("import io, contextlib\nfrom xnnfold.cli import main\nerr = io.StringIO()\n"
+            "with contextlib.redirect_stderr(err):\n"
+            "    code = main(['hf', 'foo', '-o', 'f.pte'])\n"
+            "print(code, 'torch' in sys.modules, repr(err.getvalue()))\n")
+    done = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True,
+                          text=True, cwd=folder, timeout=120,
+                          env={**os.environ, "PYTHONPATH": SRC})
+    import transformers
+
+    assert done.stdout.strip() == "2 False " + repr(
+        f"xnnfold: error: foo: transformers {transformers.__version__} has no class "
+        "FooForCausalLM\n"), (done.stdout, done.stderr[-2000:])
 
 
 def test_a_factory_module_is_found_without_running_its_code(tmp_path):
@@ -261,3 +324,36 @@ def _terminal_sigint() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_the_feature_extractor_is_read_where_transformers_reads_it(tmp_path):
+    """processor_config.json first when it holds the extractor (WhisperProcessor's
+    save_pretrained in transformers 5), else preprocessor_config.json."""
+    from xnnfold.export.seq2seq.extractor import feature_extractor_file
+
+    assert feature_extractor_file(tmp_path) is None
+    (tmp_path / "processor_config.json").write_text(json.dumps({"processor_class": "P"}))
+    assert feature_extractor_file(tmp_path) is None
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"feature_size": 80}))
+    assert feature_extractor_file(tmp_path) == tmp_path / "preprocessor_config.json"
+    for key in ("feature_extractor", "audio_processor"):
+        (tmp_path / "processor_config.json").write_text(json.dumps({key: {"feature_size": 80}}))
+        assert feature_extractor_file(tmp_path) == tmp_path / "processor_config.json", key
+    (tmp_path / "processor_config.json").write_text("[1]")
+    with pytest.raises(ValueError, match="processor_config.json: not a JSON object"):
+        feature_extractor_file(tmp_path)
+
+
+def test_the_hf_table_says_where_a_ptd_is_counted():
+    """A Whisper or BART .pte's row counts its .ptd (the tied table): the header says
+    .pte + .ptd and the cell gives both; a table without a .ptd says .pte alone."""
+    from xnnfold.export.hf.rows import table
+
+    row = {"part": "encoder", "variant": "stock", "gemms_outside": 0, "delegate_calls": 6,
+           "pte_bytes": 1_500_000, "outputs": "ok", "lower_seconds": 3.0, "median_ms": None,
+           "vs_stock": None, "written": ""}
+    with_ptd = {**row, "variant": "xnnfold", "pte_bytes": 1_400_000, "ptd_bytes": 300_000}
+    header, _, stock, xnnfold = table([row, with_ptd]).splitlines()
+    assert " .pte + .ptd bytes " in header and " .pte bytes " not in header, header
+    assert " 1,500,000 " in stock and " 1,400,000 (1,100,000 + 300,000) " in xnnfold
+    assert " .pte bytes " in table([row]).splitlines()[0]

@@ -56,6 +56,44 @@ def output_folder(path: str) -> None:
         raise UsageError(f"{path}: cannot write in {existing} ({error.strerror})")
 
 
+# executorch's extended header (exir/_serialize/_program.py, ``_ExtendedHeader``), after the
+# flatbuffer's root offset and identifier: magic, its length, then little-endian uint64s
+# program_size, segment_base_offset, segment_data_size; a .pte is at least as long as what
+# it says (the segments end the file).
+_EXTENDED_HEADER = b"eh00"
+
+
+def pte_file(path: str) -> None:
+    """``path`` is a file that starts as an ExecuTorch program does (its identifier) and is as
+    long as its header says: random bytes, another kind of file and a truncated .pte refused
+    here, in a few milliseconds, not after the runtime's imports (5 s and more). A corrupt
+    program with a sound header is still the runtime's verifier's to refuse."""
+    from ..pte.runner import identifier_problem          # a module of the standard library only
+
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{path}: " + ("is a folder, not a .pte" if file.is_dir() else
+                                              "no such file"))
+    try:
+        with open(file, "rb") as opened:
+            head = opened.read(40)
+    except OSError as error:
+        raise UsageError(f"{path}: cannot be read ({error.strerror})")
+    problem = identifier_problem(head)
+    if problem is not None:
+        raise UsageError(f"{path}: {problem}")
+    if head[8:12] == _EXTENDED_HEADER and len(head) == 40:
+        def number(start: int) -> int:
+            return int.from_bytes(head[start:start + 8], "little")
+
+        with_data_size = int.from_bytes(head[12:16], "little") >= 32   # the header's length
+        size = file.stat().st_size
+        said = max(number(16), number(24) + (number(32) if with_data_size else 0))
+        if size < said:
+            raise UsageError(f"{path}: a truncated ExecuTorch program ({size:,} bytes; "
+                             f"its header says {said:,})")
+
+
 def is_pt2(spec: str) -> bool:
     """``spec`` names a file (to be a .pt2), not a factory nor a built-in model."""
     return not (FACTORY_SPEC.match(spec) and not Path(spec).exists()) and \
@@ -65,6 +103,7 @@ def is_pt2(spec: str) -> bool:
 def program(spec: str) -> None:
     """``spec`` is a ``package.module:function`` factory whose module is there (its import
     and function are checked when it is built), a built-in model or an existing .pt2 file."""
+    _not_a_file_factory(spec)
     if not is_pt2(spec):
         if FACTORY_SPEC.match(spec):
             missing = missing_module(spec, str(Path.cwd()))
@@ -75,6 +114,23 @@ def program(spec: str) -> None:
         raise UsageError(f"{spec}: no such file, nor package.module:function, nor a "
                          "built-in model (xnnfold report --help)")
     pt2_file(spec)
+
+
+def _not_a_file_factory(spec: str) -> None:
+    """A factory given by its file (``mymodel.py:build``, ``src/mymodel.py:build``): refused
+    with the spelling that works, the module's name from the folder that holds it (Python
+    read ``mymodel.py`` as module ``py`` of a package ``mymodel``)."""
+    file, _, function = spec.rpartition(":")
+    if not file.endswith(".py") or not function.isidentifier():
+        return
+    path = Path(file)
+    spelled = f"{path.stem}:{function}"
+    where = "" if path.parent.resolve() == Path.cwd().resolve() else \
+        f", run from {path.parent} (the current folder is importable) or with " \
+        f"PYTHONPATH={path.parent}"
+    absent = "" if path.is_file() else f" (and there is no file {file})"
+    raise UsageError(f"{spec}: a factory is module:function, the module by its name, not its "
+                     f"file: {spelled}{where}{absent}")
 
 
 def models(names: list) -> None:

@@ -65,8 +65,7 @@ def _check_generate(args) -> None:
     checks.at_least("--num-bos", args.num_bos, 0)
     if args.threads is not None:
         checks.at_least("--threads", args.threads)
-    if not Path(args.pte).is_file():
-        raise UsageError(f"{args.pte}: no such file")
+    checks.pte_file(args.pte)
     if args.tokenizer is not None and not Path(args.tokenizer).is_file():
         raise UsageError(f"--tokenizer {args.tokenizer}: no such file")
 

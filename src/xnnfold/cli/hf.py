@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import checks
+from ..usage import UsageError
 from .command import Command, CommandFailed, LLM_KERNELS_HELP, require
 
 
@@ -62,6 +63,29 @@ def _check_hf(args) -> None:
     require("hf", "tabulate", "transformers", install="pip install 'xnnfold[zoo]'")
     if args.quantize:
         require("hf --quantize", "torchao", install="pip install torchao")
+    unknown_to = _unknown_to_transformers(args.plan.architecture)
+    if unknown_to is not None:
+        raise UsageError(f"{args.folder}: transformers {unknown_to} has no class "
+                         f"{args.plan.architecture}")
+
+
+def _unknown_to_transformers(architecture: str):
+    """The installed transformers' version if it has no class ``architecture``, else None:
+    asked of its lazy module's names (``import transformers`` alone: no torch, which the
+    command's run imports first, 4-5 s)."""
+    try:
+        import transformers
+    except Exception:  # noqa: BLE001 - the export says what is wrong with it, as before
+        return None
+    if architecture in getattr(transformers, "__all__", ()):
+        return None
+    try:               # a name outside __all__ (an alias) counts if transformers gives it
+        getattr(transformers, architecture)
+    except AttributeError:                    # at once: nothing imported for a name it lacks
+        return transformers.__version__
+    except Exception:  # noqa: BLE001 - it has the name; the export's import says the rest
+        pass
+    return None
 
 
 def _cmd_hf(args) -> int:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from . import checks
+from ..export.seq2seq.extractor import WHERE, feature_extractor_file
 from ..usage import UsageError
 from .command import Command
 
@@ -18,11 +19,14 @@ def _arguments(parser) -> None:
                         "encoder and text_decoder; its .ptd beside it is loaded with it)")
     parser.add_argument("input", help="log-mel features, a .npy or .pt of (mels, frames) as "
                         "the .pte takes them (Whisper: (80, 3000)), or a 16 kHz PCM .wav "
-                        "(its features computed with the folder's preprocessor_config.json)")
+                        "(its features computed with the folder's feature extractor: "
+                        "preprocessor_config.json, or processor_config.json as "
+                        "WhisperProcessor.save_pretrained writes it)")
     parser.add_argument("--folder", help="the model folder: generation_config.json (the "
                         "prompt: language, task; suppressed tokens), preprocessor_config.json "
-                        "(for a .wav), tokenizer.json (to print the text). Without it: greedy "
-                        "tokens from the start token alone, as executorch's runner does")
+                        "or processor_config.json (for a .wav), tokenizer.json (to print the "
+                        "text). Without it: greedy tokens from the start token alone, as "
+                        "executorch's runner does")
     parser.add_argument("--language", help="e.g. en (default: detected, as generate does)")
     parser.add_argument("--task", choices=["transcribe", "translate"],
                         help="default: the generation config's")
@@ -41,12 +45,21 @@ def _check(args) -> None:
         raise UsageError(f"--max-new {args.max_new}: generate at least one token")
     if args.threads is not None:
         checks.at_least("--threads", args.threads)
-    for name in ("pte", "input", "data"):
+    checks.pte_file(args.pte)
+    for name in ("input", "data"):
         value = getattr(args, name)
         if value is not None and not Path(value).is_file():
             raise UsageError(f"{value}: no such file")
     if args.folder is not None and not Path(args.folder).is_dir():
         raise UsageError(f"--folder {args.folder}: no such folder")
+    if Path(args.input).suffix.lower() == ".wav":
+        try:
+            extractor = args.folder and feature_extractor_file(args.folder)
+        except ValueError as error:
+            raise UsageError(str(error))
+        if not extractor:
+            raise UsageError(f"{args.input}: a WAV needs the model folder's feature extractor "
+                             f"(--folder with {WHERE})")
     args.generation = None
     if args.folder is not None:
         path = Path(args.folder) / "generation_config.json"

@@ -5,7 +5,7 @@ calls registered first; every load of a .pte in the package goes through
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 # The identifier of executorch's program schema (the wheel's schema/program.fbs:
 # ``file_identifier "ET12"``), bytes 4 to 8 of every .pte.
@@ -14,6 +14,18 @@ PROGRAM_IDENTIFIER = b"ET12"
 
 class NotAPte(ValueError):
     """Bytes the ExecuTorch runtime refuses as a program: one line saying why."""
+
+
+def identifier_problem(head: bytes) -> Optional[str]:
+    """Why the bytes ``head`` (a file's first 8 or more) do not start an ExecuTorch program,
+    in one line, or None. Nothing imported: the command line checks a .pte with it first."""
+    if len(head) < 8:
+        return f"not an ExecuTorch program ({len(head)} byte(s))"
+    if head[4:8] != PROGRAM_IDENTIFIER:
+        return (f"not an ExecuTorch program (bytes 4-8 are "
+                f"{head[4:8].decode('ascii', 'backslashreplace')}, not "
+                f"{PROGRAM_IDENTIFIER.decode()})")
+    return None
 
 
 def verified_program(pte: Union[bytes, str, Path], data_path: Union[str, Path, None] = None):
@@ -35,12 +47,9 @@ def verified_program(pte: Union[bytes, str, Path], data_path: Union[str, Path, N
             head, source = file.read(8), str(pte)
     else:
         head, source = pte[:8], bytes(pte)
-    if len(head) < 8:
-        raise NotAPte(f"not an ExecuTorch program ({len(head)} byte(s))")
-    if head[4:8] != PROGRAM_IDENTIFIER:
-        raise NotAPte(f"not an ExecuTorch program (bytes 4-8 are "
-                      f"{head[4:8].decode('ascii', 'backslashreplace')}, not "
-                      f"{PROGRAM_IDENTIFIER.decode()})")
+    problem = identifier_problem(head)
+    if problem is not None:
+        raise NotAPte(problem)
     with runtime_log() as log:
         try:
             return Runtime.get().load_program(

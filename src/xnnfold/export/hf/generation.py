@@ -208,7 +208,8 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
 
 def runner_notes(output: Path, folder: Optional[str], llm_kernels: bool, vocab: int) -> list:
     """The folder's tokenizer copied beside ``output``, and how to run the .pte with it:
-    ``xnnfold generate``, executorch's ``TextLLMRunner`` in Python, its ``llama_main``; a
+    ``xnnfold generate``, executorch's ``TextLLMRunner`` in Python (in the wheel), its
+    ``llama_main`` (a C++ program built from executorch's sources); a
     warning when the runner would sample among more ids than the model has logits (it takes
     its sampler's size from the tokenizer)."""
     from ..llm.text import RunnerTokenizer, copy_tokenizer
@@ -237,7 +238,8 @@ def runner_notes(output: Path, folder: Optional[str], llm_kernels: bool, vocab: 
             f"import GenerationConfig, TextLLMRunner; TextLLMRunner({str(output)!r}, "
             f"{str(tokenizer)!r}).generate('Hello', GenerationConfig(max_new_tokens=32, "
             "temperature=0))",
-            f"executorch's runner (C++{', built with its LLM custom ops' if llm_kernels else ''}"
-            f"): llama_main --model_path "
-            f"{output} --tokenizer_path {tokenizer} --prompt 'Hello' --temperature 0 "
+            "executorch's runner (C++): not in the pip wheel, a program built from "
+            "executorch's sources (examples/models/llama"
+            f"{', with its LLM custom ops' if llm_kernels else ''}), then: llama_main "
+            f"--model_path {output} --tokenizer_path {tokenizer} --prompt 'Hello' --temperature 0 "
             "--max_new_tokens 32"]

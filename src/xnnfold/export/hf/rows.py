@@ -17,16 +17,26 @@ def pte_path(output: Path, part: str) -> Path:
 
 
 def table(rows: list) -> str:
+    """The rows as a table; where a row's .pte has a .ptd beside it (``ptd_bytes``, counted in
+    ``pte_bytes``), its bytes read .pte + .ptd, and the column's header says so."""
     from tabulate import tabulate
 
+    def size(r) -> str:
+        ptd = r.get("ptd_bytes", 0)
+        return f"{r['pte_bytes']:,}" if not ptd else \
+            f"{r['pte_bytes']:,} ({r['pte_bytes'] - ptd:,} + {ptd:,})"
+
     body = [[r["part"], r["variant"], r["gemms_outside"], r["delegate_calls"],
-             f"{r['pte_bytes']:,}", r["outputs"], f"{r['lower_seconds']:.1f}",
+             size(r), r["outputs"], f"{r['lower_seconds']:.1f}",
              "" if r["median_ms"] is None else f"{r['median_ms']:.3f}",
              "" if r["vs_stock"] is None else f"{r['vs_stock']:.3f}", r["written"]]
             for r in rows]
+    bytes_header = ".pte + .ptd bytes" if any(r.get("ptd_bytes") for r in rows) else \
+        ".pte bytes"
     return tabulate(body, headers=["part", "variant", "GEMMs outside", "delegate calls",
-                                   ".pte bytes", "outputs vs eager", "lower s", "latency ms (median)",
-                                   "vs stock", "written"], disable_numparse=True)
+                                   bytes_header, "outputs vs eager", "lower s",
+                                   "latency ms (median)", "vs stock", "written"],
+                    disable_numparse=True)
 
 
 @dataclass

@@ -124,7 +124,7 @@ def export_seq2seq_generation(model, output: Path, folder: str, compare: bool, t
     verdicts = {v: _check(model, p, inputs) if check else None for v, p in loaded.items()}
     timed = _time(loaded, inputs, reps) if compare else {}
     exported = hf_rows.Exported([], [], [])
-    for variant, (_, methods) in lowered.items():
+    for variant, (lowering, methods) in lowered.items():
         verdict = verdicts[variant]
         if verdict is not None and not verdict.ok and variant == XNNFOLD:
             exported.wrong.append(f"{output}: {verdict}")
@@ -133,6 +133,7 @@ def export_seq2seq_generation(model, output: Path, folder: str, compare: bool, t
                 method, variant, methods[method], verdict,
                 timed[variant][index] if timed else None,
                 str(output) if variant == XNNFOLD else ""))
+            exported.rows[-1]["ptd_bytes"] = len(lowering.ptd or b"")    # in pte_bytes
     exported.notes.append(_usage_note(output, written.ptd is not None, folder, programs))
     return exported
 
@@ -147,4 +148,5 @@ def _usage_note(output: Path, with_ptd: bool, folder: str, programs) -> str:
     return (f"{output}{data}: methods encoder (once per input; it returns every decoder "
             f"layer's cross-attention keys and values) and text_decoder (one token per call "
             f"over a self-attention cache of {programs.max_cache} rows), the layout "
-            f"executorch's speech runner calls ({runner}); run it with `{run}`")
+            f"executorch's speech runner calls ({runner}: a C++ program not in the pip wheel, "
+            f"built from executorch's sources, examples/models/whisper); run it with `{run}`")

@@ -17,6 +17,9 @@ from typing import Optional
 
 import torch
 
+from ...usage import first_line
+from .extractor import WHERE, feature_extractor_file
+
 SAMPLE_RATE = 16_000
 
 
@@ -123,17 +126,22 @@ def read_wav(path: Path) -> torch.Tensor:
 def read_features(path, folder=None, mels: int = 80, frames: int = 3000) -> torch.Tensor:
     """Log-mel features ``(1, mels, frames)`` from a ``.npy`` / ``.pt`` file of
     ``(mels, frames)`` or ``(1, mels, frames)``, or from a 16 kHz ``.wav`` through the
-    ``WhisperFeatureExtractor`` of ``folder`` (its preprocessor_config.json). ValueError, one
-    line, for anything else."""
+    ``WhisperFeatureExtractor`` of ``folder`` (its preprocessor_config.json or
+    processor_config.json: :mod:`.extractor`). ValueError, one line, for anything else."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".wav":
-        if folder is None or not (Path(folder) / "preprocessor_config.json").is_file():
-            raise ValueError(f"{path}: a WAV needs the model folder's preprocessor_config.json "
-                             "(the feature extractor) to compute its log-mel features")
+        if folder is None or feature_extractor_file(folder) is None:
+            raise ValueError(f"{path}: a WAV needs the model folder's feature extractor "
+                             f"({WHERE}) to compute its log-mel features")
         from ..transformers import import_transformers
 
-        extractor = import_transformers().WhisperFeatureExtractor.from_pretrained(str(folder))
+        try:
+            extractor = import_transformers().WhisperFeatureExtractor.from_pretrained(
+                str(folder), local_files_only=True)
+        except (OSError, ValueError, TypeError) as error:
+            raise ValueError(f"{folder}: its feature extractor does not load "
+                             f"({first_line(error)})")
         audio = read_wav(path)
         if len(audio) > extractor.n_samples:
             raise ValueError(f"{path}: {len(audio) / SAMPLE_RATE:.1f} s; one window takes "
