@@ -40,10 +40,45 @@ def test_sampling_is_seeded_and_top_p_keeps_the_likeliest():
     assert {nucleus(LOGITS) for _ in range(200)} == {1, 4}
 
 
+def _nucleus(logits: torch.Tensor, temperature: float, top_p: float) -> dict:
+    """{token: its probability} over the nucleus, by a full sort (the definition)."""
+    probs = torch.softmax(logits.double() / temperature, -1)
+    ordered, order = probs.sort(descending=True, stable=True)
+    kept = (ordered.cumsum(0) - ordered) < top_p
+    return {int(t): float(p) / float(ordered[kept].sum())
+            for t, p in zip(order[kept], ordered[kept])}
+
+
+@pytest.mark.parametrize("spread, temperature, top_p", [
+    (0.02, 1.0, 0.5),     # a flat row: the vocabulary in a few buckets, the cut inside one
+    (1.0, 0.8, 0.9),      # a spread one: the nucleus over many buckets
+    (3.0, 1.0, 1.0)])     # no top-p: the whole vocabulary
+def test_sampling_draws_from_exactly_the_nucleus_in_proportion(spread, temperature, top_p):
+    """The bucketed draw against the definition: the tokens drawn are the nucleus's (a token
+    past the cut in the bucket where top-p is reached never comes), at its frequencies."""
+    logits = torch.randn(100) * spread
+    nucleus = _nucleus(logits, temperature, top_p)
+    pick = Sampling(temperature=temperature, top_p=top_p, seed=1).picker()
+    draws = [pick(logits.reshape(1, -1)) for _ in range(8000)]
+    counts = torch.bincount(torch.tensor(draws), minlength=100).double() / len(draws)
+    assert set(draws) <= set(nucleus)
+    expected = torch.zeros(100, dtype=torch.float64)
+    expected[list(nucleus)] = torch.tensor(list(nucleus.values()), dtype=torch.float64)
+    assert 0.5 * float((counts - expected).abs().sum()) < 0.04     # total variation
+
+
+def test_sampling_cuts_the_nucleus_inside_one_bucket():
+    """Logits 1e-4 apart share a bucket: the cut is the definition's, token by token."""
+    logits = torch.arange(40, dtype=torch.float32) * -1e-4
+    pick = Sampling(temperature=1.0, top_p=0.25, seed=3).picker()
+    drawn = {pick(logits.reshape(1, -1)) for _ in range(2000)}
+    assert drawn == set(_nucleus(logits, 1.0, 0.25)) == set(range(10))
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(temperature=-0.1), "temperature -0.1: expected 0 (greedy) or more"),
-    (dict(top_p=0.0), "top-p 0.0: expected more than 0, at most 1"),
-    (dict(top_p=1.5), "top-p 1.5: expected more than 0, at most 1"),
+    (dict(top_p=0.0), "top_p 0.0: expected more than 0, at most 1"),
+    (dict(top_p=1.5), "top_p 1.5: expected more than 0, at most 1"),
     (dict(vocabulary=0), "vocabulary 0: at least 1 token")])
 def test_sampling_refuses_what_cannot_sample(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -15,7 +15,7 @@ _PUBLIC = {"export_causal_lm": "export", "lower_generation": "export",
            "causal_lm_to_pte": "export", "GenerationPrograms": "export",
            "LoweredGeneration": "export", "CannotExport": "export", "Generator": "runtime", "Generation": "runtime",
            "NotAGenerationProgram": "runtime", "generate": "runtime",
-           "set_threads": "runtime", "Sampling": "runtime", "quantize_linears": "quantize",
+           "set_threads": "runtime", "Sampling": "sampling", "quantize_linears": "quantize",
            "cache_sizes": "sizes"}
 
 __all__ = list(_PUBLIC)

@@ -1,5 +1,6 @@
 """Generation with a generation-ready .pte (:mod:`xnnfold.export.llm.export`) on the ExecuTorch
-runtime, timed: greedy, or sampled with a temperature and top-p from a seeded generator.
+runtime, timed: greedy, or sampled with a temperature and top-p from a seeded generator
+(:mod:`xnnfold.export.llm.sampling`).
 
 The program's one method, ``forward``, takes a prompt in chunks of at most ``max_prefill``
 tokens (each chunk attends to the rows already cached and to itself, causally: what one long
@@ -15,60 +16,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Sequence, Union
 
 import torch
 
 from ...pte.runner import load_llm_kernels, method_constant, verified_program
 from .export import DECODE, FORWARD, PREFILL
+from .sampling import GREEDY, Sampling
 
 
 class NotAGenerationProgram(ValueError):
     """The .pte is not a generation program xnnfold writes (one line naming what it has)."""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the next token is picked from its logits: the largest (``temperature`` 0, greedy,
-    as the runner at temperature 0), or drawn from ``softmax(logits / temperature)`` restricted
-    to the most likely tokens whose probabilities sum to ``top_p`` (nucleus sampling) by a
-    ``torch.Generator`` seeded with ``seed``. ``vocabulary``: pick among the first that many ids
-    only (the tokenizer's, as the runner does: an id past it has no text)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    vocabulary: Optional[int] = None
-
-    def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature {self.temperature}: expected 0 (greedy) or more")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top-p {self.top_p}: expected more than 0, at most 1")
-        if self.vocabulary is not None and self.vocabulary < 1:
-            raise ValueError(f"vocabulary {self.vocabulary}: at least 1 token")
-
-    def picker(self):
-        """A function ``logits (1, V) -> token id`` for one generation (its own generator)."""
-        generator = torch.Generator().manual_seed(self.seed)
-
-        def pick(logits: torch.Tensor) -> int:
-            row = logits.reshape(-1)[:self.vocabulary].float()
-            if self.temperature == 0:
-                return int(row.argmax())
-            probs = torch.softmax(row / self.temperature, dim=-1)
-            if self.top_p < 1:
-                ordered, order = probs.sort(descending=True)
-                # keep each token whose higher-ranked ones sum to less than top_p (the first
-                # always), so the kept ones sum to at least top_p
-                before = ordered.cumsum(0) - ordered
-                ordered = torch.where(before < self.top_p, ordered, torch.zeros_like(ordered))
-                probs = torch.zeros_like(probs).scatter(0, order, ordered)
-            return int(torch.multinomial(probs, 1, generator=generator))
-        return pick
-
-
-GREEDY = Sampling()
 
 
 @dataclass
@@ -207,8 +165,8 @@ class Generator:
         prefill_seconds = time.perf_counter() - start
         tokens, kept, steps, decode_seconds = [], [], 0, 0.0
         position, stopped = len(prompt), False
+        token = pick(logits)
         while True:
-            token = pick(logits)
             tokens.append(token)
             if keep_logits:
                 kept.append(logits)
@@ -217,8 +175,10 @@ class Generator:
                 break
             if len(tokens) == max_new:
                 break
+            # a step's time is its call and the pick of its token, as the runner's Stats
             start = time.perf_counter()
             logits = self.step(token, position)
+            token = pick(logits)
             decode_seconds += time.perf_counter() - start
             steps += 1
             position += 1
