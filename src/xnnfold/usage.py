@@ -15,6 +15,23 @@ class UsageError(Exception):
     """A problem with what the user gave us: one line, exit code 2."""
 
 
+class OptionError(UsageError):
+    """A :class:`UsageError` about options of a function (``xnnfold.export``'s): ``template``
+    names each option between backquotes, `max_cache` or `cache=False`. ``str()`` writes
+    them as the function's keyword arguments (max_cache, cache=False); :meth:`spelled` as the
+    caller spells them (the command line: as its flags)."""
+
+    _OPTION = re.compile(r"`([a-z_]+(?:=\w+)?)`")
+
+    def __init__(self, template: str):
+        self.template = template
+        super().__init__(self.spelled(lambda name: name))
+
+    def spelled(self, spell) -> str:
+        """The message with each option written ``spell(name)``."""
+        return self._OPTION.sub(lambda match: spell(match.group(1)), self.template)
+
+
 def first_line(error: BaseException, width: int = 160) -> str:
     """``Type: message`` in one line: the message's first line that says something (torchao's
     start with an empty one), shortened to ``width``."""

@@ -37,5 +37,5 @@ def test_gemma2_loads_with_eager_attention_unasked(tmp_path):
 
 def test_sdpa_asked_where_transformers_has_none_is_one_line(tmp_path):
     with pytest.raises(UsageError, match=r"has no SDPA attention for Gemma2ForCausalLM: use "
-                                         r"--attention eager \(or auto\)$"):
+                                         r"attention=eager \(or auto\)$"):
         parts.load(saved("gemma2", tmp_path), "sdpa")

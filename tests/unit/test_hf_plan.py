@@ -107,10 +107,10 @@ def test_refused_in_well_under_a_second_without_transformers(tmp_path, capsys, m
 
 
 @pytest.mark.parametrize("config, tokens, message", [
-    (TEXT, 0, "--tokens 0: give at least 1 token"),
-    (TEXT, 33, "--tokens 33 is beyond the model's 32 positions"),
+    (TEXT, 0, "tokens 0: give at least 1 token"),
+    (TEXT, 33, "tokens 33 is beyond the model's 32 positions"),
     # RoBERTa numbers positions from pad_token_id + 1: 32 - 2 usable
-    (dict(TEXT, pad_token_id=1), 31, "--tokens 31 is beyond the model's 30 positions"),
+    (dict(TEXT, pad_token_id=1), 31, "tokens 31 is beyond the model's 30 positions"),
 ])
 def test_tokens_the_model_cannot_take(tmp_path, config, tokens, message):
     folder = _folder(tmp_path, "RobertaModel" if "pad_token_id" in config else "BertModel",
@@ -125,9 +125,9 @@ def test_roberta_takes_its_last_usable_position(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(max_cache=1), "--max-cache 1: a cache needs at least 2 rows"),
-    (dict(max_prefill=0), "--max-prefill 0: a prefill takes at least 1 token"),
-    (dict(max_cache=10, tokens=8), "--tokens 8: the check runs 8 \\+ 4 positions, the cache "
+    (dict(max_cache=1), "max_cache 1: a cache needs at least 2 rows"),
+    (dict(max_prefill=0), "max_prefill 0: a prefill takes at least 1 token"),
+    (dict(max_cache=10, tokens=8), "tokens 8: the check runs 8 \\+ 4 positions, the cache "
      "has 10 rows"),
 ])
 def test_cache_sizes_checked_from_the_config(tmp_path, options, message):
@@ -136,7 +136,7 @@ def test_cache_sizes_checked_from_the_config(tmp_path, options, message):
         hf_plan.plan(folder, options.pop("tokens", 8), True, **options)
     # --no-cache: no cache to size, and its options refused rather than ignored
     assert hf_plan.plan(folder, 8, False).kind == hf_plan.CAUSAL_LM
-    with pytest.raises(UsageError, match="options of a KV cache; --no-cache exports"):
+    with pytest.raises(UsageError, match="options of a KV cache; cache=False exports"):
         hf_plan.plan(folder, 8, False, **options)
 
 
@@ -144,11 +144,11 @@ def test_a_seq2seq_generation_pte_takes_max_cache_only(tmp_path):
     folder = _folder(tmp_path, "WhisperForConditionalGeneration", "whisper",
                      max_target_positions=16)
     assert hf_plan.plan(folder, 4, True, max_cache=10).kind == hf_plan.WHISPER
-    with pytest.raises(UsageError, match="--max-prefill: options of a causal LM's KV cache; "
-                       "WhisperForConditionalGeneration's generation .pte takes --max-cache "
+    with pytest.raises(UsageError, match="max_prefill: options of a causal LM's KV cache; "
+                       "WhisperForConditionalGeneration's generation .pte takes max_cache "
                        "only"):
         hf_plan.plan(folder, 4, True, max_cache=10, max_prefill=4)
-    with pytest.raises(UsageError, match="--max-cache: options of a KV cache; --no-cache "
+    with pytest.raises(UsageError, match="max_cache: options of a KV cache; cache=False "
                        "exports without one"):
         hf_plan.plan(folder, 4, False, max_cache=10)
 

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from ..usage import CommandParser, ParserError, UsageError
+from ..usage import CommandParser, OptionError, ParserError, UsageError
 from . import bench, generate, hf, lower, report, transcribe
 from .command import CommandFailed
 
@@ -75,6 +75,22 @@ def main(argv=None) -> int:
     return 130
 
 
+def as_flag(option: str) -> str:
+    """A keyword argument of xnnfold's functions (:class:`~xnnfold.usage.OptionError`) as the
+    command line's flag: max_cache as --max-cache, attention=eager as --attention eager,
+    cache=False as --no-cache, llm_kernels=True as --llm-kernels."""
+    name, _, value = option.partition("=")
+    flag = "--" + name.replace("_", "-")
+    if value in ("True", "False"):
+        return flag if value == "True" else "--no-" + flag[2:]
+    return f"{flag} {value}" if value else flag
+
+
+def _said(error: Exception) -> str:
+    """An error's line, the options it names written as flags."""
+    return error.spelled(as_flag) if isinstance(error, OptionError) else str(error)
+
+
 def _run(argv) -> int:
     args = None
     try:
@@ -84,7 +100,7 @@ def _run(argv) -> int:
     except (ParserError, UsageError) as error:
         if args is not None and args.debug:
             raise
-        print(f"xnnfold: error: {error}", file=sys.stderr)
+        print(f"xnnfold: error: {_said(error)}", file=sys.stderr)
         return 2
     # torch, torchao and executorch warn on every import and lowering, and the runtime's C++
     # logs to fd 2; none of it is the user's concern unless they ask (--verbose).
@@ -97,7 +113,7 @@ def _run(argv) -> int:
     except (UsageError, CommandFailed) as error:
         if args.debug:
             raise
-        print(f"xnnfold: error: {error}", file=sys.stderr)
+        print(f"xnnfold: error: {_said(error)}", file=sys.stderr)
         return 2 if isinstance(error, UsageError) else 1
     finally:
         if stderr_filter is not None:

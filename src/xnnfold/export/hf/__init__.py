@@ -40,7 +40,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ...usage import UsageError
+from ...usage import OptionError, UsageError
 from .plan import CAUSAL_LM, SEQ2SEQ, WHISPER, Plan
 from .rows import Exported, failing_as_usage, pte_path, ratios, row
 
@@ -116,9 +116,9 @@ def check_generation_options(plan: Plan, output: str, cache: bool, quantize: Opt
 
     generation = plan.kind == CAUSAL_LM and cache
     if quantize is not None and not generation:
-        raise UsageError(f"--quantize {quantize}: for a causal LM's generation .pte only "
-                         f"({plan.architecture}{' with --no-cache' if not cache else ''}); "
-                         "`xnnfold lower --quantize` quantizes other programs")
+        raise OptionError(f"`quantize` {quantize}: for a causal LM's generation .pte only "
+                          f"({plan.architecture}{' with `cache=False`' if not cache else ''}); "
+                          "`xnnfold lower --quantize` quantizes other programs")
     if generation:
         conflicts = copy_conflicts(plan.folder, Path(output).parent)
         if conflicts:

@@ -158,10 +158,10 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
 
     name = type(model).__name__
     if quantize is not None:
-        with hf_rows.failing_as_usage(f"{name}: --quantize {quantize}"):
+        with hf_rows.failing_as_usage(f"{name}: `quantize` {quantize}"):
             model = quantized_copy(model, quantize)     # also the eager reference of the check
-    with hf_rows.failing_as_usage(f"{name}: the export with transformers' static cache (--no-cache "
-                             "exports its logits without a cache)"):
+    with hf_rows.failing_as_usage(f"{name}: the export with transformers' static cache "
+                                  "(`cache=False` exports its logits without a cache)"):
         generation = export_causal_lm(model, max_cache, max_prefill)
     written = XNNFOLD_LLM if llm_kernels else XNNFOLD
     variants = [STOCK, XNNFOLD] if compare else []
@@ -238,7 +238,7 @@ def runner_notes(output: Path, folder: Optional[str], llm_kernels: bool, vocab: 
             f"import GenerationConfig, TextLLMRunner; TextLLMRunner({str(output)!r}, "
             f"{str(tokenizer)!r}).generate('Hello', GenerationConfig(max_new_tokens=32, "
             "temperature=0))",
-            "executorch's runner (C++): not in the pip wheel, a program built from "
+            "executorch's runner (C++): a program built from "
             "executorch's sources (examples/models/llama"
             f"{', with its LLM custom ops' if llm_kernels else ''}), then: llama_main "
             f"--model_path {output} --tokenizer_path {tokenizer} --prompt 'Hello' --temperature 0 "

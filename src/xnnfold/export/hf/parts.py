@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from . import plan as hf_plan
-from ...usage import UsageError, first_line
+from ...usage import OptionError, UsageError, first_line
 
 
 @dataclass
@@ -82,8 +82,9 @@ def load(plan: "hf_plan.Plan", attention: str) -> tuple:
                          f"{plan.architecture}")
     implementation, note = choose_attention(cls, attention)
     if implementation == "sdpa" and not getattr(cls, "_supports_sdpa", False):
-        raise UsageError(f"{plan.folder}: transformers {tf.__version__} has no SDPA attention "
-                         f"for {plan.architecture}: use --attention eager (or auto)")
+        raise OptionError(f"{plan.folder}: transformers {tf.__version__} has no SDPA "
+                          f"attention for {plan.architecture}: use `attention=eager` (or "
+                          "auto)")
     progress = tf.utils.logging.is_progress_bar_enabled()
     tf.utils.logging.disable_progress_bar()       # "Loading weights" on stderr, per tensor
     try:

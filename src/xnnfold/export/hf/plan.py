@@ -7,11 +7,12 @@ export, or ``--tokens`` / cache sizes the model cannot take.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ...usage import UsageError
+from ...usage import OptionError, UsageError
 
 # What a folder's class is exported as (Plan.kind).
 CAUSAL_LM, WHISPER, SEQ2SEQ, TEXT_LOGITS, IMAGE_LOGITS, CLIP, TEXT_BASE, VISION_BASE = (
@@ -155,24 +156,25 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
         if positions is not None and model_type in _POSITIONS_AFTER_PADDING:
             positions -= int(config.get("pad_token_id") or 0) + 1
     if tokens < 1:
-        raise UsageError(f"--tokens {tokens}: give at least 1 token")
+        raise OptionError(f"`tokens` {tokens}: give at least 1 token")
     if kind not in (IMAGE_LOGITS, VISION_BASE) and positions is not None and tokens > positions:
-        raise UsageError(f"--tokens {tokens} is beyond the model's {positions} positions "
+        raise OptionError(f"`tokens` {tokens} is beyond the model's {positions} positions "
                          f"({architecture})")
     cache_options = [option for option, given in (
-        ("--max-cache", max_cache is not None), ("--max-prefill", max_prefill is not None),
-        ("--llm-kernels", llm_kernels)) if given]
+        ("`max_cache`", max_cache is not None), ("`max_prefill`", max_prefill is not None),
+        ("`llm_kernels=True`", llm_kernels)) if given]
     if kind == CAUSAL_LM and cache:
         state = _state_besides_a_kv_cache(config)
         if state is not None:
-            raise UsageError(f"{folder}: {architecture} (model type {model_type!r}) keeps "
-                             f"{state} between tokens: a generation .pte holds a KV cache of "
-                             "attention only (--no-cache exports its logits without a cache)")
+            raise OptionError(f"{folder}: {architecture} (model type {model_type!r}) keeps "
+                              f"{state} between tokens: a generation .pte holds a KV cache of "
+                              "attention only (`cache=False` exports its logits without a "
+                              "cache)")
         _check_cache(positions, tokens, max_cache, max_prefill)
     elif kind in (WHISPER, SEQ2SEQ) and cache and max_cache is not None and \
             not CHECK_STEPS + 1 <= max_cache <= (positions or max_cache):
-        raise UsageError(f"--max-cache {max_cache}: {CHECK_STEPS + 1} (the check's steps) to "
-                         f"the decoder's {positions} positions")
+        raise OptionError(f"`max_cache` {max_cache}: {CHECK_STEPS + 1} (the check's steps) "
+                          f"to the decoder's {positions} positions")
     _refuse_unused(cache_options, kind, cache, architecture)
     return Plan(folder, kind, architecture, model_type, config, positions)
 
@@ -181,18 +183,22 @@ def _refuse_unused(options: list, kind: str, cache: bool, architecture: str) -> 
     """Options of a KV cache (``options``: those given) that the export would ignore: one line
     rather than an export without them."""
     if kind in (WHISPER, SEQ2SEQ) and cache:
-        options = [o for o in options if o != "--max-cache"]   # its decoder's own cache
+        options = [o for o in options if o != "`max_cache`"]   # its decoder's own cache
     if not options or (kind == CAUSAL_LM and cache):
         return
     if not cache and kind in (CAUSAL_LM, WHISPER, SEQ2SEQ):
-        why = "options of a KV cache; --no-cache exports without one"
+        why = "options of a KV cache; `cache=False` exports without one"
     elif kind in (WHISPER, SEQ2SEQ):
         why = (f"options of a causal LM's KV cache; {architecture}'s generation .pte takes "
-               "--max-cache only")
+               "`max_cache` only")
     else:
         why = (f"options of a KV cache; {architecture} has none (a causal LM's generation "
                ".pte has one)")
-    raise UsageError(f"{' and '.join(options)}: {why}")
+    raise OptionError(f"{' and '.join(options)}: {why}")
+
+
+# the options cache_sizes' messages name (as keyword arguments)
+_MENTIONED = re.compile(r"\b(max_cache|max_prefill)\b")
 
 
 def as_options(text: str) -> str:
@@ -207,7 +213,7 @@ def _check_cache(positions: Optional[int], tokens: int, max_cache: Optional[int]
     try:
         rows, _ = cache_sizes(positions, max_cache, max_prefill)
     except ValueError as error:
-        raise UsageError(as_options(str(error)))
+        raise OptionError(_MENTIONED.sub(r"`\1`", str(error)))
     if tokens + CHECK_STEPS > rows:
-        raise UsageError(f"--tokens {tokens}: the check runs {tokens} + {CHECK_STEPS} "
-                         f"positions, the cache has {rows} rows (--max-cache)")
+        raise OptionError(f"`tokens` {tokens}: the check runs {tokens} + {CHECK_STEPS} "
+                          f"positions, the cache has {rows} rows (`max_cache`)")

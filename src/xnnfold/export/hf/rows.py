@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ...usage import UsageError, first_line
+from ...usage import OptionError, UsageError, first_line
 
 
 def pte_path(output: Path, part: str) -> Path:
@@ -60,6 +60,8 @@ def failing_as_usage(what: str):
         from ..llm.export import CannotExport
 
         said = error.reason if isinstance(error, CannotExport) else first_line(error, 200)
+        if "`" in what:        # it names options: the error's own words stay as they are
+            raise OptionError(f"{what} failed ({said.replace('`', chr(39))})") from error
         raise UsageError(f"{what} failed ({said})") from error
 
 

@@ -102,7 +102,8 @@ def export_seq2seq_generation(model, output: Path, folder: str, compare: bool, t
 
     name = type(model).__name__
     with hf_rows.failing_as_usage(f"{name}: the export of its encoder and cached decoder "
-                                  "(--no-cache exports the encoder and one decoder step)"):
+                                  "(`cache=False` exports the encoder and one decoder "
+                                  "step)"):
         programs = export_seq2seq(model, max_cache)
     variants = [STOCK, XNNFOLD] if compare else [XNNFOLD]
     with hf_rows.failing_as_usage(f"lowering {name}'s encoder and text_decoder"):
