@@ -357,3 +357,21 @@ def test_the_hf_table_says_where_a_ptd_is_counted():
     assert " .pte + .ptd bytes " in header and " .pte bytes " not in header, header
     assert " 1,500,000 " in stock and " 1,400,000 (1,100,000 + 300,000) " in xnnfold
     assert " .pte bytes " in table([row]).splitlines()[0]
+
+
+def test_the_printed_runners_say_where_they_come_from(tmp_path):
+    """hf on a causal LM prints the wheel's Python runner before executorch's llama_main, and
+    says llama_main is not in the wheel (a new user looked for it there)."""
+    from byte_tokenizer import byte_level_tokenizer
+
+    from xnnfold.export.hf.generation import runner_notes
+
+    (tmp_path / "model").mkdir()
+    byte_level_tokenizer(tmp_path / "model" / "tokenizer.json", 256)
+    for llm_kernels, ops in ((False, ""), (True, ", with its LLM custom ops")):
+        notes = runner_notes(tmp_path / "m.pte", str(tmp_path / "model"), llm_kernels, 256)
+        python, cpp = notes[-2:]
+        assert python.startswith("executorch's runner (Python): ") and "TextLLMRunner(" in python
+        assert cpp.startswith("executorch's runner (C++): not in the pip wheel, a program built "
+                              f"from executorch's sources (examples/models/llama{ops}), then: "
+                              "llama_main --model_path "), cpp
