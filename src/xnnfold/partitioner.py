@@ -25,9 +25,6 @@ from .dim_order import warn_of_conflicts
 from .errors import warn_or_raise
 from .passthrough import untag_vanishing_copies
 from .steps.fold.rules import DEFAULT_RULES, RuleSet
-from .steps import kv_cache, runtime_weight
-from .steps.kv_cache.visible_config import open_visible_rows_path
-from .steps.runtime_weight import open_runtime_weight_path
 from .shape_env import for_lowering
 from .steps.fold.probe.verified import Verification, make_probe
 
@@ -163,9 +160,10 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     choice and ``"size"`` stores the table once, as a run-time weight repacked on every call.
     Use it
     with ``to_edge_transform_and_lower``; after a lowering, ``last_result`` holds the
-    :class:`~xnnfold.result.FoldResult` of the last program. Its linear configs also take the
-    GEMMs the fold marks (a weight that cannot be a constant) with their weight as a run-time
-    input; see :mod:`xnnfold.steps.runtime_weight`. ``partition()`` warns, naming each node,
+    :class:`~xnnfold.result.FoldResult` of the last program. Its configs also take what its
+    steps emit, as each step opens them (the step protocol's ``open``): the GEMMs the fold
+    marks (a weight that cannot be a constant) with their weight as a run-time input
+    (:mod:`xnnfold.steps.runtime_weight`), the attention over a KV cache's visible rows. ``partition()`` warns, naming each node,
     of the ops it leaves outside delegates that the runtime will refuse for the dim orders of
     their tensors (``dim_order_conflicts``; see :mod:`xnnfold.dim_order`).
     """
@@ -179,18 +177,28 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
         self.fold = FoldGemmParams(self, rules.preferring(prefer), config, attention,
                                    llm_kernels)
         with settings.using(self.fold.settings()):
-            if not open_runtime_weight_path(self):     # no GEMM is marked for a path not open
-                self.fold.steps = tuple(s for s in self.fold.steps
-                                        if s is not runtime_weight.STEP)
-            if open_visible_rows_path(self):      # its configs take what that step emits
-                self.fold.steps = tuple(kv_cache.STEP_VISIBLE_ROWS if s is kv_cache.STEP
-                                        else s for s in self.fold.steps)
+            self.fold.steps = self._open(self.fold.steps)
         self.last_result: Optional[pipeline.FoldResult] = None
         self._last_source = None   # weak reference to the program last_result was folded from
         # the probe's answers, the last of a fold checked by partition() (verification on)
         self.verification = Verification(partition_follows=True)
         # what the last partition() left outside delegates that the runtime will refuse
         self.dim_order_conflicts: list = []     # xnnfold.dim_order.DimOrderConflict
+
+    def _open(self, steps) -> tuple:
+        """Ask each step what it opens (the step protocol's optional ``open``): the steps to
+        run with this partitioner; the configs they need put in place of its own, in order
+        (a later step extends what an earlier one put)."""
+        opened = []
+        for step in steps:
+            opening = step.open(self) if callable(getattr(step, "open", None)) else None
+            if opening is None:
+                opened.append(step)
+                continue
+            self.target_partitioner_configs.update(opening.configs)
+            if opening.step is not None:
+                opened.append(opening.step)
+        return tuple(opened)
 
     def __copy__(self):
         # A copy partitions programs of its own (the whole-program probe's copy, in

@@ -5,10 +5,15 @@ mask indexing -> KV caches -> attention -> tanh GELU -> canonical GEMMs -> fold 
 projections split, analysis, plan, rules, probe, the split undone where it did not pay) ->
 run-time weights.
 
-Adding a step is a module and an entry in :data:`STEPS`. After each step the program passes
-torch's checker (:class:`~xnnfold.graph.validity.StepChecks`); the records are kept by step name. The
-program returned is the caller's own unless some record rewrote; a fold that would store more
-bytes than the input is never returned (:func:`check_no_growth`).
+Adding a step is a module and an entry in :data:`STEPS`. The pipeline holds each step to the
+protocol (:mod:`xnnfold.steps.protocol`) by the graph: a fingerprint of the program before and
+after the step (:mod:`xnnfold.graph.fingerprint`) that differs while no record of the step says
+it rewrote is a failure of the pass, naming the step (:func:`run_steps`). After a step that
+rewrote, the pipeline tidies the program once (:func:`~xnnfold.graph.validity.tidy`: dead
+nodes, recompile, output specs); after each step the program passes torch's checker
+(:class:`~xnnfold.graph.validity.StepChecks`); the records are kept by step name. The program
+returned is the caller's own unless some record rewrote; a fold that would store more bytes
+than the input is never returned (:func:`check_no_growth`).
 
 ``run`` never raises for a failure of its own: it logs one warning naming the node and the
 reason and returns the input program untouched, which lowers exactly as stock lowers it (in
@@ -36,7 +41,8 @@ from .steps.fold.probe.verified import Verification
 from .steps.fold.rows import row_of
 from .steps.fold.rules import DEFAULT_RULES, RuleSet
 from .steps.protocol import Context, Probe
-from .graph.validity import StepChecks
+from .graph.fingerprint import Fingerprint, first_change
+from .graph.validity import StepChecks, tidy
 
 logger = logging.getLogger("xnnfold")
 
@@ -54,16 +60,38 @@ def run_steps(ep: ExportedProgram, context: Context, steps: Sequence) -> FoldRes
     context.check = check
     program = copy_program(ep)
     for step in steps:
+        before = Fingerprint.of(program)
         outcome = step.run(program, context)
         if outcome.program is not None:
             program = outcome.program
+        records = list(outcome.records)
+        _check_protocol(step.name, records, first_change(before, Fingerprint.of(program)))
+        if any(r.rewritten for r in records):
+            tidy(program, before.dead)
         check(program, step.name)
-        context.records[step.name] = list(outcome.records)
+        context.records[step.name] = records
     result = FoldResult(program, context.operands, context.records, context.constants,
                         context.freed_params, context.probe_rounds)
     if not result.modified:
         result.program = ep       # nothing rewritten: the caller's own program
     return result
+
+
+def _check_protocol(step: str, records: list, change) -> None:
+    """A step's records against what it changed (``change``: ``(where, what)`` or None).
+
+    A change no record reports would ship unexplained whenever another step rewrote (or be
+    thrown away when none did): a :class:`FoldError`, so the pass falls back to stock (in
+    strict mode, raises). A record that says it rewrote where nothing changed misreports only
+    itself: warned (strict mode: raised), the program kept."""
+    rewrote = any(r.rewritten for r in records)
+    if change is not None and not rewrote:
+        where, what = change
+        raise FoldError(where, f"the {step} step changed the program ({what}) but none of its "
+                               "records says it rewrote")
+    if change is None and rewrote:
+        warn_or_raise(logger, "xnnfold: the %s step says it rewrote %s but the program is "
+                      "unchanged", step, next(r for r in records if r.rewritten).describe())
 
 
 def stored_bytes(ep: ExportedProgram) -> int:

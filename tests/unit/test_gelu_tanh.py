@@ -11,6 +11,7 @@ from xnnfold import pipeline
 from xnnfold.errors import StrictFallback
 from xnnfold.explain import Explanation
 from xnnfold.graph.program_copy import copy_program
+from xnnfold.graph.validity import tidy
 from xnnfold.steps import gelu_tanh
 from xnnfold.steps.gelu_tanh import rewrite_tanh_gelus
 
@@ -56,7 +57,9 @@ class GeluThenQuantized(nn.Module):
 def rewritten(model, x):
     ep = torch.export.export(model, (x,))
     program = copy_program(ep)
-    return ep, program, rewrite_tanh_gelus(program)
+    records = rewrite_tanh_gelus(program)
+    tidy(program)       # what the pipeline does after a step
+    return ep, program, records
 
 
 def gelus(program):

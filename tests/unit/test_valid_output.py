@@ -14,7 +14,7 @@ from xnnfold.graph.program_copy import copy_program
 from conftest import set_strict
 from xnnfold.errors import FoldError, StrictFallback
 from xnnfold.steps.fold.rules import DEFAULT_RULES
-from xnnfold.steps import attention, projections, runtime_weight
+from xnnfold.steps import attention, projections
 from xnnfold.steps.projections import split as projection_split
 
 from conftest import round_trip
@@ -118,10 +118,11 @@ def test_a_returned_node_the_pass_replaced_gives_a_valid_program(name):
         torch.testing.assert_close(g, e)
 
 
-# The negative tests: without the signature's update, each replacing step returns an invalid
-# program, and the check after that step names it.
-REPLACING_STEPS = {"attention": attention, "projections": projection_split,
-                   "runtime_weight": runtime_weight}
+# The negative tests: without the signature's update (the pipeline's, after a step; the split's,
+# on the fold's own copy), each replacing step returns an invalid program, and the check after
+# that step names it.
+REPLACING_STEPS = {"attention": validity, "projections": projection_split,
+                   "runtime_weight": validity}
 CASE_OF_STEP = {"attention": "attention", "projections": "split-projection",
                 "runtime_weight": "swapped-tied-head"}
 
@@ -136,7 +137,7 @@ def test_without_the_signature_update_the_check_names_the_step(monkeypatch, step
 
 
 def test_an_invalid_step_output_falls_back_to_stock_with_one_warning(monkeypatch, caplog):
-    monkeypatch.setattr(attention, "sync_output_specs", lambda program: None)
+    monkeypatch.setattr(validity, "sync_output_specs", lambda program: None)
     set_strict(monkeypatch, False)
     ep = torch.export.export(Attention(), CASES["attention"][1]())
     result = pipeline.run(ep, takes_everything)
@@ -167,6 +168,7 @@ def test_output_specs_follow_the_output_node_and_keep_constants():
     copy = copy_program(ep)
     before = [spec.arg for spec in ep.graph_signature.output_specs]
     attention.rewrite_attention(copy)
+    validity.tidy(copy)       # what the pipeline does after a step
     names = [getattr(s.arg, "name", None) for s in copy.graph_signature.output_specs]
     returned = copy.graph.output_node().args[0]
     assert names[0] == returned[0].name != "matmul"

@@ -5,10 +5,11 @@ mutated buffers) by the name of the node its graph's output node returns, positi
 position. A step that replaces such a node (``replace_all_uses_with``, ``replace_input_with``)
 changes the graph, not the signature. Lowering through the partitioner happens to tolerate the
 stale name; ``program.validate()``, ``torch.export.save`` and every later ExportedProgram pass
-(``to_edge`` + ``to_backend``, another backend) raise ``SpecViolationError``. So each step that
-replaces nodes ends with :func:`sync_output_specs` (executorch's ``constant_prop_pass`` does
-the same by hand: ``output_specs[i].arg = TensorArgument(name=...)``), and the pipeline checks
-what each step returns with :func:`check_valid`.
+(``to_edge`` + ``to_backend``, another backend) raise ``SpecViolationError``. So after each
+step that rewrote, the pipeline tidies its program (:func:`tidy`: the dead nodes it left
+removed, the module recompiled, :func:`sync_output_specs`, as executorch's
+``constant_prop_pass`` does by hand: ``output_specs[i].arg = TensorArgument(name=...)``), and
+checks it with :func:`check_valid`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,22 @@ def sync_output_specs(program: ExportedProgram) -> None:
             continue    # a constant output, or a spec that already names its node
         # a new argument: a copied program may still share its spec objects with the caller's
         spec.arg = dataclasses.replace(spec.arg, name=node.name)
+
+
+def tidy(program: ExportedProgram, dead_before: frozenset = frozenset()) -> None:
+    """What every step needs after rewriting ``program`` (the pass's own copy), done once by
+    the pipeline: the nodes the step left dead removed, the graph linted, the module
+    recompiled, the output specs synced.
+
+    Dead code goes only if the step made it dead: a node nothing read before the step
+    (``dead_before``: names) stays, as stock keeps it, and so does every impure node (fx's
+    ``is_impure``: placeholders, asserts such as ``_assert_tensor_metadata``, ops that write
+    in place, random draws)."""
+    graph = program.graph
+    # eliminate_dead_code lints the graph first (it needs a topological order)
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.name in dead_before or n.is_impure())
+    program.graph_module.recompile()
+    sync_output_specs(program)
 
 
 def check_valid(program: ExportedProgram, step: str) -> None:

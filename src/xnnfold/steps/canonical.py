@@ -107,9 +107,6 @@ def canonicalize(program: ExportedProgram, static: set) -> list:
         node.target, node.args, node.kwargs = aten.linear.default, args, {}
         if not transposed.users:
             graph.erase_node(transposed)
-    if rewrites:
-        graph.lint()
-        program.graph_module.recompile()
     return rewrites
 
 

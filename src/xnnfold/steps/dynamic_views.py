@@ -126,11 +126,8 @@ def rewrite_dynamic_views(program: ExportedProgram) -> list:
                           node.name, type(error).__name__, error)
             continue
         views.append((node.name, _shown(was[1][1]), _shown(shape)))
-    if not views:
-        return []
-    program.graph.eliminate_dead_code()      # the sym_size nodes only those views read
-    program.graph_module.recompile()
-    return [ViewsRewrite(tuple(views))]
+    # (the sym_size nodes only those views read go with the pipeline's tidying)
+    return [ViewsRewrite(tuple(views))] if views else []
 
 
 class DynamicViewsStep:

@@ -141,8 +141,6 @@ def rewrite_mask_indexing(program: ExportedProgram) -> list:
                     graph.erase_node(dead)
             removed.add(where)
     if rewritten:
-        graph.lint()
-        program.graph_module.recompile()
         _drop_ranges(program, symbols)
     return [MaskIndexRewrite(node, mask, where.name, where in removed)
             for node, mask, where in rewritten]

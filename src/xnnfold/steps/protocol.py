@@ -4,14 +4,30 @@ A step is one module exposing one object (``STEP``) with a ``name`` and ``run(pr
 context) -> Outcome``. It rewrites ``program`` — the pass's own copy, never the caller's — in
 place, or returns a new program in its :class:`Outcome`; either way it returns one record per
 site it looked at, each saying whether it rewrote (``rewritten``) and what it did or why not
-(``describe()``). The pipeline (:mod:`xnnfold.pipeline`) runs the steps of a list in order,
-checks the program after each (:mod:`xnnfold.graph.validity`), and keeps the records by step name
-(:attr:`xnnfold.result.FoldResult.records`); ``explain`` prints them under the step's name. The
-program returned is the caller's own when no record of any step rewrote: a step that changes
-the program and says so is never thrown away, one that changes it silently is.
+(``describe()``). The pipeline (:mod:`xnnfold.pipeline`) runs the steps of a list in order
+and keeps the records by step name (:attr:`xnnfold.result.FoldResult.records`); ``explain``
+prints them under the step's name.
 
-A step may also summarize its records in one line (``summary(records)``, optional: what the
-.pte then needs, say).
+The pipeline holds each step to its records by the graph: it compares a fingerprint of the
+program before and after the step (:mod:`xnnfold.graph.fingerprint`: nodes, signature, state).
+A change that no record reports (``rewritten``) is a failure of the pass naming the step: the
+caller's program is lowered as stock lowers it, with one warning (in strict mode, it raises); a
+record that says it rewrote where nothing changed is warned of (raised in strict mode). After a
+step that rewrote, the pipeline does what every rewrite needs, once
+(:func:`xnnfold.graph.validity.tidy`: the nodes the step left dead removed, the module
+recompiled, the output specs naming the nodes returned), then checks the program with torch's
+verifier. A step does none of that itself. The program returned is the caller's own when no
+record of any step rewrote.
+
+Optional, a step may:
+
+- summarize its records in one line (``summary(records)``: what the .pte then needs, say);
+- need its partitioner to take what it emits (``open(partitioner) -> Opening``): xnnfold's
+  partitioner asks each step of its list once, when built, and uses the step and the configs
+  the :class:`Opening` gives (a step that cannot open its path says so and gives the step to
+  run without it, or none). The configs are new instances the step builds from the
+  partitioner's own (:func:`xnnfold.steps.configs.extended`); the partitioner puts them in
+  place of its own, and nothing else changes them.
 """
 
 from __future__ import annotations
@@ -64,6 +80,16 @@ class Outcome:
 
     records: list
     program: Optional[ExportedProgram] = None
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What a step needs of the partitioner it runs with: the step to run (itself, a variant
+    that emits what the configs take, or None: leave it out) and the configs, by target name
+    (``"linear.default"``), that the partitioner uses in place of its own."""
+
+    step: Optional["Step"]
+    configs: dict = field(default_factory=dict)
 
 
 class Step(Protocol):

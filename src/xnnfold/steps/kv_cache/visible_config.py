@@ -6,18 +6,22 @@ empty tensors. But we can't get numel() for unbacked symints"): the attention ov
 rows would then stay on portable, its two ``bmm`` as naive loops. A marked node's unbacked
 sizes are ``P + L`` (``P >= 0``, ``L >= 1``): the config checks that each is at least 1 from
 the symbols' ranges and that its tensors are fp32 (the KV-cache step marks fp32 attentions
-only); everything else (the op's own constraints) is the stock config's. XNNPACK's runtime takes the sizes of a delegate's inputs at
-each call (as for a dynamic length), so the .pte runs on the stock runtime.
+only); everything else (the op's own constraints) is the stock config's. XNNPACK's runtime
+takes the sizes of a delegate's inputs at each call (as for a dynamic length), so the .pte runs
+on the stock runtime.
 
-Opened per partitioner instance (its own configs' classes), like the run-time weights'
-(:mod:`xnnfold.steps.runtime_weight.config`); where executorch's internals are not what this
-wraps, the path stays closed and the KV-cache step reads every cache row, as before.
+The KV-cache step's opening (:func:`open_visible_rows`, the step protocol's ``open``): configs
+built per partitioner instance from its own (:mod:`xnnfold.steps.configs`), as the run-time
+weights' are (:mod:`xnnfold.steps.runtime_weight.config`), with the step that emits the
+visible rows; where executorch's internals are not what this extends, the step that reads
+every cache row, as before.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from typing import Optional
 
 import torch
 import torch.fx
@@ -25,6 +29,8 @@ from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPr
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ...graph.values import at_least_one
+from ..configs import extend_configs
+from ..protocol import Opening
 
 logger = logging.getLogger("xnnfold")
 
@@ -70,21 +76,28 @@ def visible_rows_config(base: type) -> type:
     return VisibleRows
 
 
-def open_visible_rows_path(partitioner) -> bool:
-    """Wrap ``partitioner``'s own configs of the attention's ops (this instance only); False
-    when executorch's internals are not what this wraps (the step then reads every row)."""
+def visible_rows_configs(partitioner) -> Optional[dict]:
+    """``partitioner``'s configs of the attention's ops extended to take the marked nodes (new
+    instances, by target name); None when executorch's internals are not what this extends,
+    or the partitioner takes no fp32 (the step then reads every row)."""
     configs = getattr(partitioner, "target_partitioner_configs", None)
     if not isinstance(configs, dict) or not all(
             callable(getattr(configs.get(t), _OVERRIDDEN, None)) for t in _WRAPPED_TARGETS):
         logger.info("xnnfold: the attention reads every cache row: executorch's partitioner "
                     "has no %s config with %s", "/".join(_WRAPPED_TARGETS), _OVERRIDDEN)
-        return False
+        return None
     # a partitioner for other precisions (config_precisions=DYNAMIC_QUANT) takes no fp32 bmm:
     # the attention over the visible rows would stay on portable
     if not all(ConfigPrecisionType.FP32 in getattr(configs[t], "enabled_precision_types", ())
                for t in _WRAPPED_TARGETS):
-        return False
-    for target in _WRAPPED_TARGETS:
-        config = configs[target]
-        config.__class__ = visible_rows_config(type(config))
-    return True
+        return None
+    return extend_configs(partitioner, _WRAPPED_TARGETS, visible_rows_config)
+
+
+def open_visible_rows(partitioner, visible_rows_step, every_row_step) -> Opening:
+    """The KV-cache step's opening for ``partitioner``: ``visible_rows_step`` with the configs
+    that take what it emits, or ``every_row_step`` where they cannot be built."""
+    configs = visible_rows_configs(partitioner)
+    if configs is None:
+        return Opening(every_row_step)
+    return Opening(visible_rows_step, configs)

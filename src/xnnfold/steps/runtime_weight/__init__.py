@@ -10,7 +10,8 @@ packed once; here the same path is opened for the marked GEMMs only.
 
 A GEMM is marked through ``node.meta["custom"]``, which ``run_decompositions`` and ``to_edge``
 carry to the nodes the GEMM becomes, so the partitioner's configs recognise it in the Edge
-program. The configs are wrapped per partitioner instance; executorch itself is not patched.
+program. The step opens the path for xnnfold's partitioner (``open``): configs built per
+partitioner instance from its own; executorch itself is not patched.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from ...analysis import is_dequantize, is_metadata_assertion
 from ...analysis.identity import removed_by_decomposition
 from ...decision import Rule, Status
 from ...graph.node_meta import tensor_val
-from ...graph.validity import sync_output_specs
-from ..protocol import Context, Outcome
-from .config import MARK, is_marked, open_runtime_weight_path  # noqa: F401 - the step's API
+from ..protocol import Context, Opening, Outcome
+from .config import MARK, is_marked, runtime_weight_configs  # noqa: F401 - the step's API
 from .swap import static_shape, swap_if_smaller
 
 aten = torch.ops.aten
@@ -168,14 +168,18 @@ def mark_runtime_weights(program, operands: list, transposed: set, prefer: str =
                               "param")
             row.reason = f"{row.reason + '; ' if row.reason else ''}delegated with a runtime " \
                          f"weight: {why}"
-    graph.lint()
-    program.graph_module.recompile()
-    sync_output_specs(program)    # a swapped GEMM the model returns ends in a new node
     return [RuntimeWeight(name, why) for name, why in marked.items()]
 
 
 class RuntimeWeightStep:
     name = "runtime_weight"
+
+    def open(self, partitioner) -> Opening:
+        """The partitioner's GEMM configs that take the marked GEMMs; where they cannot be
+        built (said in a warning), the step is left out: a GEMM marked for a path not open
+        would stay where stock leaves it."""
+        configs = runtime_weight_configs(partitioner)
+        return Opening(self, configs) if configs is not None else Opening(None)
 
     def run(self, program, context: Context) -> Outcome:
         transposed = {r.gemm for r in context.records.get("canonical", [])}

@@ -1,17 +1,20 @@
 """The partitioner's side of run-time weights: a GEMM config that takes a marked fp32 GEMM's
 weight and bias as run-time inputs of the delegate (``force_non_static_weights_for_f32_linear``
-for that GEMM only), opened per partitioner instance. The marking is the step's
+for that GEMM only), built per partitioner instance from its own configs
+(:mod:`xnnfold.steps.configs`) when it asks the step what it opens. The marking is the step's
 (:mod:`xnnfold.steps.runtime_weight`)."""
 
 from __future__ import annotations
 
 import functools
 import logging
+from typing import Optional
 
 import torch.fx
 from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 
 from ...errors import warn_or_raise
+from ..configs import extend_configs
 
 logger = logging.getLogger("xnnfold")
 
@@ -62,16 +65,14 @@ def missing_internals(partitioner) -> list:
     return missing
 
 
-def open_runtime_weight_path(partitioner) -> bool:
-    """Wrap ``partitioner``'s own linear/addmm/mm configs (this instance only); False, with a
-    warning (strict mode: an error), when executorch's internals are not what this wraps."""
+def runtime_weight_configs(partitioner) -> Optional[dict]:
+    """``partitioner``'s linear/addmm/mm configs extended to take a marked GEMM's weight at run
+    time (new instances, by target name); None, with a warning (strict mode: an error), when
+    executorch's internals are not what this extends."""
     missing = missing_internals(partitioner)
     if missing:
         warn_or_raise(logger, "xnnfold: run-time weights are off: executorch's partitioner "
                       "has no %s (a GEMM marked for a run-time weight stays where stock "
                       "leaves it)", ", ".join(missing))
-        return False
-    for target in _WRAPPED_TARGETS:
-        config = partitioner.target_partitioner_configs[target]
-        config.__class__ = runtime_weight_config(type(config))
-    return True
+        return None
+    return extend_configs(partitioner, _WRAPPED_TARGETS, runtime_weight_config)
