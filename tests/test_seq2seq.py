@@ -18,6 +18,7 @@ import numpy
 import pytest
 import torch
 
+from byte_tokenizer import byte_level_tokenizer, sentence
 from conftest import seed_everything
 from xnnfold import cli
 from xnnfold.export.seq2seq import Seq2SeqProgram, WhisperPrompt
@@ -233,10 +234,16 @@ def test_tied_tables_are_found_by_their_readers():
 
 @pytest.fixture(scope="module")
 def bart_pte(tmp_path_factory):
+    from tokenizers import processors
+
     seed_everything("bart_pte")
     root = tmp_path_factory.mktemp("bart")
     model = speech.bart(vocab=200, width=32, layers=1, heads=2, positions=64)
     model.save_pretrained(str(root / "model"))
+    # with BART's post-processor (<s> ... </s>), which executorch's C++ tokenizers do not load
+    tokenizer = byte_level_tokenizer(root / "model" / "tokenizer.json", 200)
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 1), ("<s>", 0))
+    tokenizer.save(str(root / "model" / "tokenizer.json"))
     pte = root / "b.pte"
     assert cli.main(["hf", str(root / "model"), "-o", str(pte), "--max-cache", "24"]) == 0
     return model, pte
@@ -260,11 +267,35 @@ def test_generate_command_runs_a_text_seq2seq_pte(bart_pte, capsys):
                      "--ignore-eos", "--no-warmup"]) == 0
     assert "generated 4 token(s)" in capsys.readouterr().out
     # what only a causal LM's .pte takes: one line, not ignored
-    for option in (["--temperature", "1"], ["--prompt", "hi"]):
-        source = [] if option[0] == "--prompt" else ["--tokens", "5,6,7"]
-        assert cli.main(["generate", str(bart_pte[1]), *source, *option]) == 2, option
+    for option in (["--temperature", "1"], ["--seed", "3"]):
+        assert cli.main(["generate", str(bart_pte[1]), "--tokens", "5,6,7", *option]) == 2
         assert capsys.readouterr().err.strip().endswith(
             f"{option[0]} is for a causal LM's .pte"), option
+
+
+def test_generate_reads_and_prints_text_with_the_tokenizer_hf_copied(bart_pte, capsys):
+    """hf copies the BART folder's tokenizer beside the .pte; generate --prompt encodes the
+    text with it as transformers does (its post-processor's <s> ... </s> included) and prints
+    the greedy tokens' text: transformers' greedy generate's."""
+    from tokenizers import Tokenizer
+
+    model, pte = bart_pte
+    folder_tokenizer = pte.parent / "model" / "tokenizer.json"
+    assert (pte.parent / "tokenizer.json").read_bytes() == folder_tokenizer.read_bytes()
+    text = sentence(5, seed=3)
+    tokenizer = Tokenizer.from_file(str(folder_tokenizer))
+    ids = tokenizer.encode(text).ids
+    assert ids[0] == 0 and ids[-1] == 1
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([ids]), do_sample=False, num_beams=1,
+                                  max_new_tokens=8, min_length=0, no_repeat_ngram_size=0,
+                                  eos_token_id=None, forced_bos_token_id=None,
+                                  forced_eos_token_id=None)[0, 1:].tolist()
+    assert cli.main(["generate", str(pte), "--prompt", text, "--max-new", "8", "--ignore-eos",
+                     "--no-warmup"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == tokenizer.decode(expected, skip_special_tokens=False)
+    assert lines[2] == f"generated 8 token(s): {','.join(map(str, expected))}"
 
 
 def _build_contract_driver(out: Path) -> Path:

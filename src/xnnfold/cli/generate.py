@@ -14,7 +14,7 @@ from .command import Command
 def _generate_arguments(parser) -> None:
     parser.add_argument("pte", help="the generation .pte `xnnfold hf` wrote for a causal LM "
                         "(one forward method), or for a text encoder-decoder model (BART: "
-                        "--tokens are the encoder's input)")
+                        "the prompt is the encoder's input)")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the prompt's text, encoded by the tokenizer beside "
                         "the .pte (or --tokenizer) as executorch's runner encodes it")
@@ -121,10 +121,9 @@ def _cmd_generate(args) -> int:
     return 0
 
 
-# what an encoder-decoder .pte's generation does not take (greedy from token ids only)
-_NOT_FOR_SEQ2SEQ = (("prompt", None, "--prompt"), ("tokenizer", None, "--tokenizer"),
-                    ("temperature", 0.0, "--temperature"), ("top_p", 1.0, "--top-p"),
-                    ("seed", 0, "--seed"), ("num_bos", 0, "--num-bos"))
+# what an encoder-decoder .pte's generation does not take (greedy only)
+_NOT_FOR_SEQ2SEQ = (("temperature", 0.0, "--temperature"), ("top_p", 1.0, "--top-p"),
+                    ("seed", 0, "--seed"))
 
 
 def _has_methods(pte: str, *names: str) -> bool:
@@ -137,9 +136,30 @@ def _has_methods(pte: str, *names: str) -> bool:
     return set(names) <= set(methods)
 
 
+def _source_tokenizer(args):
+    """The tokenizer of an encoder-decoder's source: a tokenizer.json read by Hugging Face's
+    tokenizers where installed (transformers' encoding, the special tokens included: BART's
+    post-processor is one executorch's C++ tokenizers do not load), else as
+    :func:`_tokenizer`."""
+    from ..export.llm.text import SourceTokenizer, runner_tokenizer
+    from .command import not_installed
+
+    path = args.tokenizer or runner_tokenizer(Path(args.pte).parent)
+    if path is None or Path(path).suffix != ".json" or not_installed("tokenizers"):
+        return _tokenizer(args)
+    if args.num_bos:
+        raise UsageError(f"--num-bos {args.num_bos}: an encoder-decoder's source takes the "
+                         f"special tokens {Path(path).name} adds, as transformers encodes it")
+    try:
+        return SourceTokenizer(path)
+    except ValueError as error:
+        raise UsageError(str(error))
+
+
 def _generate_seq2seq(args) -> int:
-    """An encoder-decoder .pte (BART...): ``--tokens`` are the encoder's input; greedy tokens
-    from the .pte's start token."""
+    """An encoder-decoder .pte (BART...): the prompt (``--tokens``, or ``--prompt`` encoded by
+    the tokenizer beside it, which `xnnfold hf` copies there) is the encoder's input; greedy
+    tokens from the .pte's start token, printed as text too where there is a tokenizer."""
     import torch
 
     from ..export.seq2seq import Seq2SeqProgram
@@ -150,9 +170,17 @@ def _generate_seq2seq(args) -> int:
                          "`xnnfold transcribe`")
     for name, default, option in _NOT_FOR_SEQ2SEQ:
         if getattr(args, name) != default:
-            raise UsageError(f"{args.pte}: an encoder-decoder .pte generates greedily from the "
-                             f"source's --tokens ids; {option} is for a causal LM's .pte")
-    source = torch.tensor([args.prompt_ids], dtype=torch.long)
+            raise UsageError(f"{args.pte}: an encoder-decoder .pte generates greedily; "
+                             f"{option} is for a causal LM's .pte")
+    tokenizer = _source_tokenizer(args)
+    try:
+        ids = args.prompt_ids if args.prompt_ids is not None else \
+            tokenizer.encode(args.prompt, args.num_bos)
+    except ValueError as error:
+        raise UsageError(f"--prompt: {error}")
+    if not ids:
+        raise UsageError(f"--prompt {args.prompt!r}: no token")
+    source = torch.tensor([ids], dtype=torch.long)
     if program.input_sizes and source.shape[1] > program.input_sizes[-1]:
         raise UsageError(f"{args.pte}: {source.shape[1]} source tokens; its encoder takes at "
                          f"most {program.input_sizes[-1]}")
@@ -160,13 +188,16 @@ def _generate_seq2seq(args) -> int:
         if args.warmup:
             program.step(program.start, program.encode(source), 0)
         run = program.generate(source, args.max_new, stop_at_eos=not args.ignore_eos)
+        text = None if tokenizer is None else tokenizer.decode(run.tokens)
     except ValueError as error:
         raise UsageError(f"{args.pte}: {error}")
+    if text is not None:
+        print(text)
     print(run.summary())
     return 0
 
 
 GENERATE = Command("generate", "text generation with a .pte `xnnfold hf` wrote for a causal "
-                   "LM (greedy or sampled); prints the text, the tokens and tokens/s of prefill "
-                   "and decode", _generate_arguments, _cmd_generate,
+                   "LM (greedy or sampled) or a text encoder-decoder model (greedy); prints the "
+                   "text, the tokens and their times", _generate_arguments, _cmd_generate,
                    _check_generate)

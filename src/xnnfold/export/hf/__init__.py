@@ -111,7 +111,8 @@ def _cross_attention(model) -> bool:
 def check_generation_options(plan: Plan, output: str, cache: bool, quantize: Optional[str]
                              ) -> None:
     """One line, before any work, for ``--quantize`` on what is not a generation .pte, or a
-    causal LM's tokenizer that would overwrite another beside ``output``."""
+    causal LM's or a text encoder-decoder's tokenizer that would overwrite another beside
+    ``output``."""
     from ..llm.text import copy_conflicts
 
     generation = plan.kind == CAUSAL_LM and cache
@@ -119,7 +120,7 @@ def check_generation_options(plan: Plan, output: str, cache: bool, quantize: Opt
         raise OptionError(f"`quantize` {quantize}: for a causal LM's generation .pte only "
                           f"({plan.architecture}{' with `cache=False`' if not cache else ''}); "
                           "`xnnfold lower --quantize` quantizes other programs")
-    if generation:
+    if generation or (plan.kind == SEQ2SEQ and cache):    # the tokenizer goes beside the .pte
         conflicts = copy_conflicts(plan.folder, Path(output).parent)
         if conflicts:
             raise UsageError(f"{conflicts[0]} exists and is not {plan.folder}'s tokenizer: "

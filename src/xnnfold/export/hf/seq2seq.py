@@ -135,17 +135,26 @@ def export_seq2seq_generation(model, output: Path, folder: str, compare: bool, t
                 timed[variant][index] if timed else None,
                 str(output) if variant == XNNFOLD else ""))
             exported.rows[-1]["ptd_bytes"] = len(lowering.ptd or b"")    # in pte_bytes
-    exported.notes.append(_usage_note(output, written.ptd is not None, folder, programs))
+    tokenizer = None
+    if not programs.speech:         # text: `xnnfold generate --prompt` reads it beside the .pte
+        from ..llm.text import copy_tokenizer
+
+        tokenizer = copy_tokenizer(folder, output.parent)
+    exported.notes.append(_usage_note(output, written.ptd is not None, folder, programs,
+                                      tokenizer is not None))
+    if tokenizer is not None:
+        exported.notes.append(f"its tokenizer: {tokenizer} (copied from {folder})")
     return exported
 
 
-def _usage_note(output: Path, with_ptd: bool, folder: str, programs) -> str:
+def _usage_note(output: Path, with_ptd: bool, folder: str, programs, tokenizer: bool) -> str:
     ptd = output.with_suffix(".ptd")
     data = f" and {ptd} (the tied output head's table, which the token lookup and the head " \
            "both read: pass it with the .pte)" if with_ptd else ""
     runner = f"whisper_runner --model_path {output}" + (f" --data_path {ptd}" if with_ptd else "")
     run = f"xnnfold transcribe {output} FEATURES.npy|AUDIO.wav --folder {folder}" \
-        if programs.speech else f"xnnfold generate {output} --tokens 1,2,3"
+        if programs.speech else f"xnnfold generate {output} " + (
+            "--prompt 'Hello'" if tokenizer else "--tokens 1,2,3")
     return (f"{output}{data}: methods encoder (once per input; it returns every decoder "
             f"layer's cross-attention keys and values) and text_decoder (one token per call "
             f"over a self-attention cache of {programs.max_cache} rows), the layout "

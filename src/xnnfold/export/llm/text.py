@@ -103,3 +103,32 @@ class RunnerTokenizer:
 
     def decode(self, tokens: Sequence[int]) -> str:
         return "".join(self.piece(t) for t in tokens)
+
+
+class SourceTokenizer:
+    """A ``tokenizer.json`` read with Hugging Face's ``tokenizers`` (a dependency of
+    transformers), as transformers' tokenizer reads it: for an encoder-decoder model's source,
+    which no executorch runner reads, encoded with the special tokens its post-processor adds
+    (BART's ``<s>`` ... ``</s>``, a ``RobertaProcessing`` that executorch's C++ tokenizers do
+    not load)."""
+
+    def __init__(self, path):
+        from tokenizers import Tokenizer
+
+        self.path = Path(path)
+        try:
+            self._tokenizer = Tokenizer.from_file(str(self.path))
+        except Exception as error:  # noqa: BLE001 - the library raises its own kinds
+            raise ValueError(f"{self.path}: not a tokenizer.json the tokenizers library "
+                             f"reads ({str(error).splitlines()[0] if str(error) else error})")
+        self.vocab_size = int(self._tokenizer.get_vocab_size())
+
+    def encode(self, text: str, num_bos: int = 0) -> list:
+        """``text``'s ids, the special tokens included (``num_bos``: 0, for the signature of
+        :meth:`RunnerTokenizer.encode`)."""
+        if num_bos:
+            raise ValueError(f"num_bos {num_bos}: the tokenizer.json adds its own")
+        return list(self._tokenizer.encode(text).ids)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self._tokenizer.decode([int(t) for t in tokens], skip_special_tokens=False)
