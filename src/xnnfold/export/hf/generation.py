@@ -238,7 +238,7 @@ def runner_notes(output: Path, folder: Optional[str], llm_kernels: bool, vocab: 
             f"import GenerationConfig, TextLLMRunner; TextLLMRunner({str(output)!r}, "
             f"{str(tokenizer)!r}).generate('Hello', GenerationConfig(max_new_tokens=32, "
             "temperature=0))",
-            "executorch's runner (C++): a program built from "
+            "executorch's runner (C++): not in the pip wheel, a program built from "
             "executorch's sources (examples/models/llama"
             f"{', with its LLM custom ops' if llm_kernels else ''}), then: llama_main "
             f"--model_path {output} --tokenizer_path {tokenizer} --prompt 'Hello' --temperature 0 "
