@@ -209,8 +209,15 @@ def test_quantize_is_for_the_generation_pte(tmp_path, capsys, monkeypatch, extra
     assert capsys.readouterr().err.strip().endswith(message)
 
 
-def test_a_different_tokenizer_beside_the_output_is_refused(tmp_path, capsys):
-    folder = _causal_folder(tmp_path)
+@pytest.mark.parametrize("architecture, model_type", [
+    ("LlamaForCausalLM", "llama"),
+    ("BartForConditionalGeneration", "bart")])     # its text generation .pte too
+def test_a_different_tokenizer_beside_the_output_is_refused(tmp_path, capsys, architecture,
+                                                            model_type):
+    folder = _causal_folder(tmp_path, architecture, model_type)
+    if model_type == "bart":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(dict(config, is_encoder_decoder=True)))
     (folder / "tokenizer.json").write_text('{"model": 1}')
     out = tmp_path / "out"
     out.mkdir()
