@@ -128,8 +128,8 @@ def test_a_model_that_does_not_trace_is_one_line():
                            intermediate_size=32, vocab_size=50, max_position_embeddings=16)
     model = BranchingBert(config).eval()
     with pytest.raises(xt.ExportFailed) as failure:
-        xt.XnnfoldExecutorchExporter().export(model, {"input_ids": torch.ones(1, 4, dtype=torch.long)},
-                                              xt.XnnfoldConfig())
+        xt.XnnfoldExecutorchExporter().export(
+            model, {"input_ids": torch.ones(1, 4, dtype=torch.long)}, xt.XnnfoldConfig())
     message = str(failure.value)
     assert "\n" not in message
     assert message.startswith("BranchingBert does not export: GuardOnDataDependentSymNode: "
@@ -142,16 +142,20 @@ def test_a_model_that_does_not_trace_is_one_line():
 
 
 class Lowering:
-    """Stands in for ``_lower``: xnnfold's partitioner fails with ``xnnfold_error``; stock's
-    returns ``"stock program"`` or fails with ``stock_error``."""
+    """Stands in for both lowerings: xnnfold's (``_lower``) fails with ``xnnfold_error``;
+    stock's (``_lower_as_stock``) returns ``"stock program"`` or fails with ``stock_error``."""
 
-    def __init__(self, xnnfold_error, stock_error=None):
+    def __init__(self, exporter, monkeypatch, xnnfold_error, stock_error=None):
         self.xnnfold_error, self.stock_error, self.calls = xnnfold_error, stock_error, []
+        monkeypatch.setattr(exporter, "_lower", self.xnnfold)
+        monkeypatch.setattr(exporter, "_lower_as_stock", self.stock)
 
-    def __call__(self, model, sample_inputs, config, partitioner):
-        self.calls.append("stock" if partitioner is None else "xnnfold")
-        if partitioner is not None:
-            raise self.xnnfold_error
+    def xnnfold(self, model, sample_inputs, config, partitioner):
+        self.calls.append("xnnfold")
+        raise self.xnnfold_error
+
+    def stock(self, model, sample_inputs, config):
+        self.calls.append("stock")
         if self.stock_error is not None:
             raise self.stock_error
         return "stock program", "metadata"
@@ -164,8 +168,7 @@ def exporter():
 
 @pytest.mark.fallback_expected
 def test_where_xnnfold_fails_stock_exports_it_with_a_warning(exporter, monkeypatch, caplog):
-    lowering = Lowering(RuntimeError("partition broke\ndetails"))
-    monkeypatch.setattr(exporter, "_lower", lowering)
+    lowering = Lowering(exporter, monkeypatch, RuntimeError("partition broke\ndetails"))
     caplog.set_level(logging.WARNING, logger="xnnfold")
     assert exporter.export_program(torch.nn.Identity(), {}, xt.XnnfoldConfig()) == \
         ("stock program", "metadata")
@@ -176,13 +179,13 @@ def test_where_xnnfold_fails_stock_exports_it_with_a_warning(exporter, monkeypat
 
 
 def test_the_fallback_raises_in_strict_mode(exporter, monkeypatch):
-    monkeypatch.setattr(exporter, "_lower", Lowering(RuntimeError("partition broke")))
+    Lowering(exporter, monkeypatch, RuntimeError("partition broke"))
     with pytest.raises(StrictFallback, match="partition broke"):
         exporter.export_program(torch.nn.Identity(), {}, xt.XnnfoldConfig())
 
 
 def test_both_failing_differently_names_both(exporter, monkeypatch):
-    monkeypatch.setattr(exporter, "_lower", Lowering(RuntimeError("a"), ValueError("b")))
+    Lowering(exporter, monkeypatch, RuntimeError("a"), ValueError("b"))
     with pytest.raises(xt.ExportFailed) as failure:
         exporter.export_program(torch.nn.Identity(), {}, xt.XnnfoldConfig())
     assert str(failure.value) == ("Identity does not export: RuntimeError: a; stock's exporter "
@@ -190,8 +193,7 @@ def test_both_failing_differently_names_both(exporter, monkeypatch):
 
 
 def test_another_backend_is_refused_before_any_work(exporter, monkeypatch):
-    lowering = Lowering(RuntimeError("never"))
-    monkeypatch.setattr(exporter, "_lower", lowering)
+    lowering = Lowering(exporter, monkeypatch, RuntimeError("never"))
     with pytest.raises(ValueError, match="lowers for XNNPACK, not backend 'cuda'"):
         exporter.export_program(torch.nn.Identity(), {}, xt.XnnfoldConfig(backend="cuda"))
     assert lowering.calls == []
@@ -209,9 +211,12 @@ def test_the_trace_runs_under_stock_format_for_the_quantizer(exporter, monkeypat
 
     monkeypatch.setattr(xt.DynamoExporter, "export_program", trace)
     quantizer = tf.exporters.PT2EQuantizer(quantizer=None)
+    config = xt.XnnfoldConfig(quantizer=quantizer)
     with pytest.raises(KeyError, match="stop after the trace"):
-        exporter._lower(torch.nn.Identity(), {}, xt.XnnfoldConfig(quantizer=quantizer), None)
-    assert traced == ["executorch"]
+        exporter._lower(torch.nn.Identity(), {}, config, xt.XnnpackPartitioner())
+    with pytest.raises(KeyError, match="stop after the trace"):
+        exporter._lower_as_stock(torch.nn.Identity(), {}, config)
+    assert traced == ["executorch", "executorch"]
 
 
 def test_transformers_internals_that_differ_raise_naming_the_version(monkeypatch):

@@ -3,9 +3,10 @@
 transformers' ``ExecutorchExporter`` lowers for XNNPACK with executorch's stock
 ``XnnpackPartitioner``, built in ``prepare_for_xnnpack``, a function of its module that
 ``export_program`` finds in a private table: no argument, config value or method chooses the
-partitioner. :class:`XnnfoldExecutorchExporter` is that exporter with ``xnnfold.XnnpackPartitioner``
-as the one difference, registered through transformers' public ``register_backend`` under the
-export format ``"xnnfold"`` with transformers' own ExecuTorch runner::
+partitioner. :class:`XnnfoldExecutorchExporter` is that exporter with
+``xnnfold.XnnpackPartitioner`` as the one difference, registered through transformers' public
+``register_backend`` under the export format ``"xnnfold"`` with transformers' own ExecuTorch
+runner::
 
     from xnnfold.export.transformers_exporter import XnnfoldConfig, register
 
@@ -16,14 +17,16 @@ export format ``"xnnfold"`` with transformers' own ExecuTorch runner::
 It overrides ``export_program``, the extension point ``HfExporter`` documents for a backend, and
 runs the stages of ``ExecutorchExporter.export_program`` with transformers' own functions (the
 model's preparation, its patches of torch and executorch, its program fixes, its edge and
-ExecuTorch configs). Those functions are private to transformers: :func:`check_transformers`
-finds each, and checks that ``ExecutorchExporter.export_program`` is still the one these stages
-mirror (transformers 5.25.0), or raises :class:`TransformersMismatch` naming the version found.
+ExecuTorch configs), some of them private (``_get_backend_config``, ...):
+:func:`check_transformers` finds each, and checks that ``ExecutorchExporter.export_program`` is
+still the one these stages mirror (transformers 5.25.0), or raises :class:`TransformersMismatch`
+naming the version found.
 
-Never worse than stock: where xnnfold's lowering fails, stock's exporter is tried on the same
-model; if it exports, its program is returned with one warning (``xnnfold.errors.warn_or_raise``:
-strict mode raises), and if it fails too, one line says transformers' reason and whether stock
-fails the same way (:class:`ExportFailed`).
+Never worse than stock: where xnnfold's lowering fails, transformers' own
+``ExecutorchExporter.export_program`` is run on the same model; if it exports, its program is
+returned with one warning (``xnnfold.errors.warn_or_raise``: strict mode raises), and if it
+fails too, one line says transformers' reason and whether stock fails the same way
+(:class:`ExportFailed`).
 """
 
 from __future__ import annotations
@@ -118,10 +121,17 @@ def _one_line(error: BaseException) -> str:
     return text
 
 
+def _as_stock(config):
+    """``config`` under stock's export format: the trace is stock's, and a quantizer checks
+    that it supports the format it is traced under."""
+    return dataclasses.replace(config, export_format=_stock.ExportFormat.EXECUTORCH)
+
+
 def _rewritten(result) -> dict:
     if result is None:
         return {}
-    counts = {step: sum(1 for r in records if r.rewritten) for step, records in result.records.items()}
+    counts = {step: sum(1 for r in records if r.rewritten)
+              for step, records in result.records.items()}
     return {step: n for step, n in counts.items() if n}
 
 
@@ -156,7 +166,7 @@ class XnnfoldExecutorchExporter(_stock.ExecutorchExporter):
             self.rewritten.append(_rewritten(partitioner.last_result))
             return lowered
         try:
-            program = self._lower(model, sample_inputs, config, None)
+            program = self._lower_as_stock(model, sample_inputs, config)
         except Exception as stock_error:  # noqa: BLE001 - one line says why, naming both
             reason, stock_reason = _one_line(failure), _one_line(stock_error)
             same = "stock's exporter fails the same way" if stock_reason == reason \
@@ -169,22 +179,23 @@ class XnnfoldExecutorchExporter(_stock.ExecutorchExporter):
 
     def _lower(self, model, sample_inputs, config, partitioner):
         """``ExecutorchExporter.export_program``'s stages (transformers 5.25.0) for XNNPACK,
-        with ``partitioner`` in place of stock's (stock's where None)."""
-        model, sample_inputs, stock_partitioners = _stock.prepare_for_xnnpack(model, sample_inputs)
-        partitioners = stock_partitioners if partitioner is None else [partitioner]
-        # The trace is stock's: under stock's format, which a quantizer checks it supports.
-        traced_config = dataclasses.replace(config, export_format=_stock.ExportFormat.EXECUTORCH)
+        with ``partitioner`` in place of stock's."""
+        model, sample_inputs, _ = _stock.prepare_for_xnnpack(model, sample_inputs)
         with _stock.apply_patches("executorch"), _stock.apply_patches("executorch.xnnpack"):
             exported_program, metadata = DynamoExporter.export_program(
-                self, model, sample_inputs, config=traced_config)
+                self, model, sample_inputs, config=_as_stock(config))
             _stock.apply_fx_program_fixes("executorch", exported_program)
             _stock.apply_fx_node_fixes("executorch", exported_program.graph_module)
             edge = _stock.to_edge_transform_and_lower(
-                exported_program, partitioner=partitioners,
+                exported_program, partitioner=[partitioner],
                 compile_config=_stock._get_edge_compile_config(config.backend),
                 transform_passes=_stock._get_transform_passes(config.backend))
             program = edge.to_executorch(config=_stock._get_backend_config(config))
         return program, metadata
+
+    def _lower_as_stock(self, model, sample_inputs, config):
+        """transformers' own ``ExecutorchExporter.export_program``: stock's partitioner."""
+        return super().export_program(model, sample_inputs, _as_stock(config))
 
 
 def register() -> type:
