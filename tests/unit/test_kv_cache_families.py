@@ -17,7 +17,7 @@ from conftest import set_strict
 from xnnfold.pte import compare_outputs
 from xnnfold.graph.program_copy import copy_program
 from xnnfold.steps import kv_cache
-from xnnfold.steps.kv_cache import eager, mask_proof, pattern
+from xnnfold.steps.kv_cache import eager, mask_proof, pattern, plan
 
 E, KV, S, D = 16, 2, 12, 4
 LOWEST = torch.finfo(torch.float32).min
@@ -248,8 +248,8 @@ def test_per_head_mask_of_sdpa():
     program, records = rewritten(module, llm=True)
     record = records[0]
     assert record.rewritten, record.describe()
-    assert f"mask proven {mask_proof.ATTENDS}" in record.proven, record.proven
-    assert record.llm_declined.startswith(f"custom_sdpa: the mask is {mask_proof.ATTENDS}")
+    assert f"mask proven {plan.ATTENDS.text}" in record.proven, record.proven
+    assert record.llm_declined.startswith(f"custom_sdpa: the mask is {plan.ATTENDS.text}")
     assert "aten.any.dim" not in ops_of(program)
     assert matches(program, module, varied_steps())
 
@@ -284,7 +284,7 @@ def test_window_wrong_without_the_check_at_every_position(monkeypatch):
     """The window taken from the last position without the check at every other one."""
     differs = mask_proof._differs
     monkeypatch.setattr(mask_proof, "_differs", lambda got, expected, starts, rows, kind: (
-        differs(got, expected, starts, rows, kind) if kind == mask_proof.CAUSAL else None))
+        differs(got, expected, starts, rows, kind) if kind == plan.CAUSAL else None))
     module = WindowThenBlocked("sdpa")
     program, records = rewritten(module)
     assert "mask proven causal within a sliding window of 3" in records[0].proven

@@ -16,7 +16,7 @@ from torch import nn
 from xnnfold.pte.compare import compare_outputs
 from xnnfold.steps import kv_cache
 from xnnfold.graph.program_copy import copy_program
-from xnnfold.steps.kv_cache import mask_proof, pairing, pattern, positions
+from xnnfold.steps.kv_cache import mask_proof, pairing, pattern, plan, positions
 
 E, KV, GROUPS, S, D = 16, 2, 2, 8, 4
 H = KV * GROUPS
@@ -279,7 +279,7 @@ def test_window_mask_proven_and_keeps_custom_sdpa_away():
 
 def test_window_mask_wrong_without_the_proof(monkeypatch):
     """The guard above, removed: custom_sdpa on a window mask differs from eager."""
-    monkeypatch.setattr(mask_proof, "prove_mask", lambda *a, **k: (True, positions.CAUSAL))
+    monkeypatch.setattr(mask_proof, "prove_mask", lambda *a, **k: plan.CAUSAL)
     module = CacheAttention("hf", mask="window")
     sequence = steps(count=6)
     _, program, records = rewritten(module, sequence[0], llm=True)
@@ -305,7 +305,7 @@ def test_padding_mask_empty_rows_keep_factor():
 
 
 def test_padding_mask_wrong_without_the_keep_factor(monkeypatch):
-    monkeypatch.setattr(mask_proof, "prove_mask", lambda *a, **k: (True, positions.CAUSAL))
+    monkeypatch.setattr(mask_proof, "prove_mask", lambda *a, **k: plan.CAUSAL)
     module, sequence = padding_case()
     _, program, _ = rewritten(module, sequence[0])
     assert not matches(program, module, sequence).ok
@@ -363,6 +363,44 @@ def test_layers_share_one_start_and_one_mask():
     assert matches(program, module, sequence).ok
 
 
+class TwoLayers(nn.Module):
+    """Two attentions, each with its cache and its own nodes computing one mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = CacheAttention("hf"), CacheAttention("hf")
+
+    def forward(self, x, cache_position):
+        return self.b(self.a(x, cache_position)[..., :E], cache_position)
+
+
+def count(program, target) -> int:
+    return sum(n.target is target for n in program.graph.nodes)
+
+
+@pytest.mark.parametrize("visible_rows", [False, True], ids=["every-row", "visible-rows"])
+def test_layers_share_one_mask_computation(visible_rows):
+    """The mask each layer's rewrite builds (additive, or over the visible rows) is computed
+    once for all layers; the model's own mask, no longer read, is not computed at all."""
+    module, sequence = TwoLayers(), steps()
+    program = copy_program(exported(module, sequence[0]))
+    records = kv_cache.rewrite_kv_caches(program, visible_rows=visible_rows)
+    assert len(records) == 2 and all(r.rewritten for r in records)
+    assert count(program, torch.ops.aten.where.self) == 1
+    if visible_rows:   # each layer's positions' arange(L), and arange(P + L): no arange(S) left
+        assert count(program, torch.ops.aten.arange.default) == 3
+    assert matches(program, module, sequence).ok
+
+
+def test_each_layer_computes_the_mask_again_without_merging(monkeypatch):
+    """The negative test of the step's merge_mask_repeats: one where per layer without it."""
+    monkeypatch.setattr(kv_cache, "merge_mask_repeats", lambda graph, created, more: 0)
+    module, sequence = TwoLayers(), steps()
+    program = copy_program(exported(module, sequence[0]))
+    kv_cache.rewrite_kv_caches(program, visible_rows=True)
+    assert count(program, torch.ops.aten.where.self) == 2
+
+
 def test_caches_that_do_not_pair_are_kept():
     """A value cache of another length than the key cache: the rows do not pair."""
     module = CacheAttention("hf")
@@ -396,7 +434,7 @@ def test_dropout_and_dtype_are_kept():
     ep = torch.export.export(module.train(), steps()[0])
     program = copy_program(ep)
     records = kv_cache.rewrite_kv_caches(program)
-    assert records[0].kept_because == "dropout_p=0.5"
+    assert records[0].kept_because == "dropout_p=0.5: random, not rewritten"
 
 
 def test_value_numbers_see_through_copies():

@@ -30,7 +30,7 @@ from ...graph.node_meta import tensor_val
 from . import scores as grouped_scores
 from .scores import Op
 from .pairing import why_not_cache_pair
-from .pattern import RESHAPES, CacheAttention, reads_update, ungroup
+from .pattern import RESHAPES, CacheAttention, Declined, reads_update, ungroup
 from ...graph.values import same_shape
 
 aten = torch.ops.aten
@@ -155,9 +155,10 @@ def _weights_user(softmax: torch.fx.Node) -> Union[str, tuple]:
         node = user
 
 
-def match_eager(softmax: torch.fx.Node, updates: dict):
+def match_eager(softmax: torch.fx.Node, updates: dict
+                ) -> Union[CacheAttention, Declined, None]:
     """A CacheAttention (``scores``: the ops between the products) if ``softmax`` is that of an
-    eager attention over two updated caches; a string if it reads a cache in a way the step
+    eager attention over two updated caches; Declined if it reads a cache in a way the step
     does not take; None if it is not an attention over a cache."""
     x = softmax.args[0]
     xv = tensor_val(x)
@@ -165,15 +166,15 @@ def match_eager(softmax: torch.fx.Node, updates: dict):
         return None
     found = _scores_ops(x)
     if isinstance(found, str):     # a few ops on the scores, a product, a repeat: 12 at most
-        return found if reads_update(x, updates, depth=12) else None
+        return Declined(found) if reads_update(x, updates, depth=12) else None
     product = found[0]
     after = _weights_user(softmax)
     pair = after if isinstance(after, str) else _pair(softmax, *found, *after, updates)
     # past the product, an attention reads a cache if either of its operands does
-    if isinstance(pair, str) and not any(reads_update(a, updates, depth=8)
-                                         for a in product.all_input_nodes):
-        return None
-    return pair
+    if not isinstance(pair, str):
+        return pair
+    return Declined(pair) if any(reads_update(a, updates, depth=8)
+                                 for a in product.all_input_nodes) else None
 
 
 def _cache_of(node, heads: int, updates: dict, three: bool):

@@ -47,6 +47,21 @@ def flat_shape(update: CacheUpdate) -> tuple:
     return b * hkv, s, d
 
 
+def relaid_shape(update: CacheUpdate, extra_dim: bool) -> tuple:
+    """The shape a rewrite gives ``update``'s buffer: ``[B * Hkv, S, D]`` (``extra_dim``, for
+    ``llama::update_cache``: ``[B * Hkv, S, 1, D]``)."""
+    b, hkv, s, d = update.shape
+    return (b * hkv, s, 1, d) if extra_dim else (b * hkv, s, d)
+
+
+def beside(emit: Emitter, anchor: torch.fx.Node) -> Emitter:
+    """An emitter before ``anchor`` in ``emit``'s fake mode (an anchor without inputs, an
+    ``arange``, has none of its own), recording what it creates in ``emit``."""
+    other = Emitter(emit.graph, anchor)
+    other.fake_mode, other.created = emit.fake_mode, emit.created
+    return other
+
+
 def rows_flat(emit: Emitter, update: CacheUpdate, extra_dim: bool = False) -> torch.fx.Node:
     """The update's new rows ``[B, Hkv, L, D]`` as ``[B * Hkv, L, D]`` (``extra_dim``:
     ``[B * Hkv, L, 1, D]``)."""
@@ -62,9 +77,7 @@ def update_flat(outer: Emitter, update: CacheUpdate) -> torch.fx.Node:
     """The update of the (re-shaped) ``[B * Hkv, S, D]`` buffer, beside the old one: the same
     in-place op at the same positions, on dim 1; returns it (the updated cache, for the
     attention). What it creates is recorded in ``outer``."""
-    emit = Emitter(outer.graph, update.node)
-    emit.fake_mode = outer.fake_mode
-    emit.created = outer.created
+    emit = beside(outer, update.node)
     rows = rows_flat(emit, update)
     if update.node.target is aten.index_copy_.default:
         node = emit(aten.index_copy_.default, update.buffer, 1, update.positions, rows)

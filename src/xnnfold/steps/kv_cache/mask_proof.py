@@ -14,15 +14,16 @@ op of the mask has no batching rule, within :data:`LOOP_BUDGET`).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.fx
 
 from ...graph.node_meta import tensor_val
-from . import positions
 from ...graph.values import ValueNumbers
-from .positions import CAUSAL, MaskFunction
+from . import positions
+from .plan import ATTENDS, CAUSAL, Declined, MaskKind, Proof
+from .positions import MaskFunction
 
 # Evaluations of the mask one start at a time, at most, where torch.vmap cannot batch them (a
 # few seconds): beyond, the mask is not proven.
@@ -34,44 +35,27 @@ LOOP_BUDGET = 20_000
 ELEMENT_BUDGET = 2 ** 33
 
 
-def window_text(window: int) -> str:
-    return f"causal within a sliding window of {window} cache rows"
-
-
-def window_of(kind) -> Optional[int]:
-    """``W`` if ``kind`` is :func:`window_text`'s ``W``, else None."""
-    prefix = window_text(0).split("0")[0]
-    if isinstance(kind, str) and kind.startswith(prefix):
-        return int(kind[len(prefix):].split()[0])
-    return None
-
-
-# What a mask that is neither may still be proven to be: no row fully blocked (the plain
-# softmax is SDPA's safe one), e.g. an additive ALiBi bias with the dtype's lowest value, not
-# -inf, where it blocks
-ATTENDS = "without a fully blocked row (no row all -inf or all False)"
-
-
 def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
-               static_values: dict, written: set, numbers: ValueNumbers) -> tuple:
+               static_values: dict, written: set, numbers: ValueNumbers
+               ) -> Union[Proof, Declined]:
     """What the mask is, proven for every start ``P`` in ``0 .. cache - L`` and every length
     ``L`` the step may have (``rows``: an int, or a dynamic length's SymInt), all leading dims 1
-    or per head: (True, :data:`CAUSAL`) if it is the causal mask from ``P`` (bool: True where
-    attended; float: 0 there, -inf elsewhere); (True, :func:`window_text`) if it is that mask
-    within a sliding window of ``W`` rows (row ``l`` attends ``P + l - W + 1 .. P + l``, W read
-    from the mask at the last position); (True, :data:`ATTENDS`) if no row of it is fully
-    blocked; else (False, why)."""
+    or per head: :data:`.plan.CAUSAL` if it is the causal mask from ``P`` (bool: True where
+    attended; float: 0 there, -inf elsewhere); a :attr:`.plan.MaskKind.WINDOW` proof if it is
+    that mask within a sliding window of ``W`` rows (row ``l`` attends ``P + l - W + 1 .. P +
+    l``, W read from the mask at the last position); :data:`.plan.ATTENDS` if no row of it is
+    fully blocked; else Declined (why not)."""
     lengths = positions.length_bounds(rows, cache)
     if lengths is None or not lengths:
-        return False, f"the step's length {rows} has no bounds within the cache's {cache} rows"
+        return Declined(f"the step's length {rows} has no bounds within the cache's {cache} rows")
     function = MaskFunction(mask, start, static_values, written, numbers, rows)
     if function.reason:
-        return False, function.reason
+        return Declined(function.reason)
     heads = ([1] * 4 + list(tensor_val(mask).shape))[-3]
     elements = heads * cache * sum((cache - length + 1) * length for length in lengths)
     if elements > ELEMENT_BUDGET:
-        return False, (f"the mask has {elements:.1e} elements to evaluate over every start and "
-                       f"length, more than {ELEMENT_BUDGET:.1e}")
+        return Declined(f"the mask has {elements:.1e} elements to evaluate over every start and "
+                        f"length, more than {ELEMENT_BUDGET:.1e}")
     p = tensor_val(start)
     expected = _Expected(cache)
     evaluations, batches, kinds, why = 0, None, None, None
@@ -84,19 +68,19 @@ def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
                 if evaluations > LOOP_BUDGET and batches is None:
                     batches = _vmaps(function, starts[:1], given)
                     if not batches:
-                        return False, (f"the mask cannot be evaluated in batches and has more "
-                                       f"than {LOOP_BUDGET:,} cases to check")
+                        return Declined(f"the mask cannot be evaluated in batches and has "
+                                        f"more than {LOOP_BUDGET:,} cases to check")
                 got = _normalized(function.batched(starts, given), len(starts))
                 if isinstance(got, str):
-                    return False, got
+                    return Declined(got)
                 if kinds is None:
                     kinds = _kinds(got, starts, length, cache)
                 kinds, why = _still(kinds, got, starts, length, expected, why)
                 if not kinds:
-                    return False, why
+                    return Declined(why)
     except Exception as error:  # noqa: BLE001 - a mask this evaluation cannot run: not proven
-        return False, f"the mask could not be evaluated ({type(error).__name__}: {error})"
-    return True, kinds[0]
+        return Declined(f"the mask could not be evaluated ({type(error).__name__}: {error})")
+    return kinds[0]
 
 
 def _vmaps(function: MaskFunction, starts: torch.Tensor, length: int) -> bool:
@@ -131,7 +115,7 @@ def _kinds(got: torch.Tensor, starts, rows: int, cache: int) -> list:
     window = int(last[:position + 1].sum())
     kinds = [CAUSAL]
     if 0 < window <= position and bool(last[position + 1 - window:position + 1].all()):
-        kinds.append(window_text(window))
+        kinds.append(Proof(MaskKind.WINDOW, window))
     return kinds + [ATTENDS]
 
 
@@ -143,12 +127,12 @@ class _Expected:
     def __init__(self, cache: int):
         self.cache, self._tables = cache, {}
 
-    def rows(self, kind: str, dtype: torch.dtype, count: int, rows: int) -> torch.Tensor:
+    def rows(self, kind: Proof, dtype: torch.dtype, count: int, rows: int) -> torch.Tensor:
         if (kind, dtype) not in self._tables:
             at, columns = torch.arange(self.cache)[:, None], torch.arange(self.cache)[None, :]
             table = columns <= at
-            if kind != CAUSAL:
-                table = table & (columns > at - window_of(kind))
+            if kind.kind is MaskKind.WINDOW:
+                table = table & (columns > at - kind.window)
             if dtype != torch.bool:
                 table = torch.where(table, 0.0, float("-inf")).to(dtype)
             self._tables[kind, dtype] = table
@@ -177,12 +161,12 @@ def _still(kinds: list, got, starts, rows: int, expected: _Expected, why) -> tup
     return kept, why
 
 
-def _differs(got, want, starts, rows: int, kind: str) -> Optional[str]:
+def _differs(got, want, starts, rows: int, kind: Proof) -> Optional[str]:
     """Why ``got`` is not ``want`` (the first start where it is not), or None: one pass where
     they are equal."""
     if torch.equal(got, want):
         return None
-    what = "the causal mask from the cache position" if kind == CAUSAL else kind
+    what = "the causal mask from the cache position" if kind == CAUSAL else kind.text
     return _first((got != want).flatten(1).any(1), starts, rows,
                   f"the mask is not {what} (padding, sliding window, or another mask)")
 

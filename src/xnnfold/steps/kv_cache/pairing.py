@@ -10,24 +10,23 @@ import torch
 
 from ...analysis import dequantized
 from ...graph.node_meta import tensor_val
+from ...graph.sdpa import why_not_dropout, why_not_mask
 
 
 def why_not_sdpa(a: dict, q, key, value, gk: int, gv: int
                  ) -> Optional[str]:
     """Why an SDPA (its arguments ``a``) over two updated caches is not taken, or None."""
-    if a["dropout_p"] != 0.0:
-        return f"dropout_p={a['dropout_p']}"
+    if (reason := why_not_dropout(a)) is not None:
+        return reason
     if a["is_causal"]:
         return "is_causal=True over a cache (top-left aligned): not a decode attention"
-    reason = why_not_cache_pair(q, key, value, gk, gv, (a["query"],))
+    reason = why_not_cache_pair(q, key, value, gk, gv, (a["query"],)) or why_not_mask(a, q)
     if reason:
         return reason
     b, s = key.shape[0], key.shape[2]
     mask = a["attn_mask"]
     if mask is not None:
         m = tensor_val(mask)
-        if m is None or m.dtype not in (torch.bool, q.dtype) or m.dim() > 4:
-            return "a mask of another dtype than bool or the query's, or of rank above 4"
         lead = [1] * (4 - m.dim()) + list(m.shape)
         if lead[1] not in (1, q.shape[1]) or lead[0] not in (1, b) or lead[3] != s:
             return f"a mask of shape {tuple(m.shape)} does not broadcast to [{b}, " \

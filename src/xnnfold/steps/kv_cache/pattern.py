@@ -9,15 +9,15 @@ IR, where a cache update is an in-place op on the buffer).
   ``repeat_kv`` (``unsqueeze`` + ``expand`` + ``reshape``), by ``repeat_interleave`` (executorch's
   example), by nothing (one query head per KV head) or by SDPA itself (``enable_gqa=True``).
 
-Everything else about the program (the mask, the positions) is proven by
-:mod:`.positions`; the rewrites are in :mod:`.grouped` and :mod:`.llm_kernels`.
+A match is a :class:`CacheAttention`, or :class:`Declined` where an attention reads a cache in a
+way the step does not take. What the program proves of it (the positions, the mask) is decided
+by :mod:`.decide`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.fx
@@ -25,7 +25,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from ...graph.node_meta import tensor_val
-from ...graph.sdpa import sdpa_args
+from ...graph.sdpa import scale_of, sdpa_args
 from ...graph.values import written_placeholders
 from . import pairing
 
@@ -44,6 +44,13 @@ class CacheUpdate:
     positions: torch.fx.Node     # int64 [L]
     rows: torch.fx.Node          # the new rows (broadcastable to [B, Hkv, L, D])
     shape: tuple = ()            # the buffer's [B, Hkv, S, D], as exported
+
+
+@dataclass(frozen=True)
+class Declined:
+    """An attention over a cache the step leaves as it was, and why."""
+
+    reason: str
 
 
 @dataclass
@@ -170,9 +177,10 @@ def ungroup(node: torch.fx.Node, heads: int) -> Optional[tuple]:
     return node, 1, []
 
 
-def match_attention(node: torch.fx.Node, updates: dict):
-    """A CacheAttention if ``node`` (an SDPA) reads two updated caches; a string if it does but
-    the step cannot take it (the reason); None if it does not read a cache at all."""
+def match_attention(node: torch.fx.Node, updates: dict
+                    ) -> Union[CacheAttention, Declined, None]:
+    """A CacheAttention if ``node`` (an SDPA) reads two updated caches; Declined if it does but
+    the step cannot take it; None if it does not read a cache at all."""
     a = sdpa_args(node)
     q, k, v = (tensor_val(a[n]) for n in ("query", "key", "value"))
     if q is None or k is None or v is None:
@@ -187,19 +195,19 @@ def match_attention(node: torch.fx.Node, updates: dict):
         else:
             ungrouped = ungroup(a[name], heads) if heads is not None else None
             if ungrouped is None:
-                return None if not reads_update(a[name], updates) else \
-                    f"its {name} is read from a cache in a way the step does not recognise"
+                return None if not reads_update(a[name], updates) else Declined(
+                    f"its {name} is read from a cache in a way the step does not recognise")
             source, groups, chain = ungrouped
         if source not in updates:
-            return None if not reads_update(a[name], updates) else \
-                f"its {name} is read from a cache through ops the step does not recognise"
+            return None if not reads_update(a[name], updates) else Declined(
+                f"its {name} is read from a cache through ops the step does not recognise")
         found.append((updates[source], groups, chain))
     (key, gk, kchain), (value, gv, vchain) = found
     reason = pairing.why_not_sdpa(a, q, key, value, gk, gv)
     if reason:
-        return reason
-    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-    return CacheAttention(node, a["query"], key, value, gk, a["attn_mask"], scale,
+        return Declined(reason)
+    return CacheAttention(node, a["query"], key, value, gk, a["attn_mask"],
+                          scale_of(a, q.shape[-1]),
                           kchain + vchain)
 
 

@@ -19,7 +19,6 @@ from ...graph.node_meta import tensor_val
 from ...graph.values import ValueNumbers, same_size
 
 aten = torch.ops.aten
-CAUSAL = "causal from the cache position"
 _ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 
 

@@ -8,7 +8,9 @@ from typing import Optional
 
 import torch.fx
 
+from . import llm_kernels
 from .pattern import CacheAttention
+from .plan import Path, Plan
 
 PORTABLE_KERNELS = "XNNPACK + portable"
 # What the default rewrite leaves outside XNNPACK, and why (explain lists it per attention).
@@ -69,3 +71,23 @@ def grouped_kernels(attention: CacheAttention) -> str:
     """The kernels the grouped rewrite runs on."""
     return PORTABLE_KERNELS + (f", {attention.groups} query heads per KV head, not repeated"
                                if attention.groups > 1 else "")
+
+
+def rewritten(plan: Plan, how: str) -> KVCacheRewrite:
+    """The record of ``plan`` carried out, the attention taken ``how``."""
+    attention = plan.attention
+    caches = (attention.key.target, attention.value.target)
+    read = (VISIBLE_LEFT,) if plan.visible_rows else attention_left(attention)
+    if plan.path is Path.LLM_SDPA:
+        kernels, left = f"{llm_kernels.UPDATE}, {llm_kernels.SDPA}", ()
+    elif plan.path is Path.LLM_UPDATE:
+        kernels, left = f"{llm_kernels.UPDATE}, {grouped_kernels(attention)}", read
+    else:
+        kernels, left = grouped_kernels(attention), (UPDATE_LEFT,) + read
+    if plan.llm_kernels:
+        how = (f"rows P .. P + L - 1 written in place; {how}; the cache kept as "
+               "[B * Hkv, S, 1, D], the same bytes")
+    elif plan.path is Path.FLAT:
+        how += "; the cache kept as [B * Hkv, S, D], the same bytes"
+    return KVCacheRewrite(attention.sdpa.name, caches, kernels, how, left=left,
+                          llm_declined=plan.llm_declined)

@@ -9,10 +9,11 @@ adds to the scores of ``[B, H, L, S]`` (a mask, an ALiBi bias) is read there as:
 - per head (``[b, H, l, s]``): ``[b * Hkv, G, l, s]`` (head ``h = k * G + g``), beside the
   scores viewed ``[B * Hkv, G, L, S]`` (``G == 1``: ``[b * H, l, s]`` beside them as they are).
 
-Each such view of a tensor is built once per program (every layer reads the same mask), on
-portable where it is outside a delegate, on the tensor's own size.
+Each such view of a tensor is built once per program (every layer reads the same mask: the
+step merges the repeats, :func:`xnnfold.graph.sdpa.merge_mask_repeats`), on portable where it
+is outside a delegate, on the tensor's own size.
 
-:func:`apply_ops` computes an eager attention's ops on the scores (:class:`.eager.Op`) in
+:func:`apply_ops` computes an eager attention's ops on the scores (:class:`Op`) in
 eager's order on that layout; ``masked_fill(s, m, v)`` becomes ``s * keep + fill`` (``keep =
 1 - m``, ``fill = v`` where ``m``, else 0: the same value for any finite score), ops XNNPACK
 takes where it has no ``masked_fill``.
@@ -84,32 +85,24 @@ def _one(size) -> bool:
     return isinstance(size, int) and size == 1
 
 
-def operand(emit: Emitter, memo, node: torch.fx.Node, shape4: tuple, layout: Layout,
-            four: bool) -> torch.fx.Node:
+def operand(emit: Emitter, node: torch.fx.Node, shape4: tuple, layout: Layout, four: bool
+            ) -> torch.fx.Node:
     """``node`` (a tensor ``shape4`` broadcasts to ``[B, H, L, S]``) as it is added to the
-    grouped scores; built once per program (``memo``: :class:`.grouped.MaskParts`)."""
+    grouped scores."""
     shape = layout.view_of(shape4, four)
-
-    def build():
-        current = list(tensor_val(node).shape)
-        if current == shape:
-            return (node,)
-        return (emit(aten.reshape.default, node, reshape_arg(shape)),)
-
-    return memo.memo(("operand", node, tuple(str(d) for d in shape)), build)[0]
+    if list(tensor_val(node).shape) == shape:
+        return node
+    return emit(aten.reshape.default, node, reshape_arg(shape))
 
 
-def _fill_parts(emit: Emitter, memo, mask: torch.fx.Node, value: float, dtype) -> tuple:
+def _fill_parts(emit: Emitter, mask: torch.fx.Node, value: float, dtype) -> tuple:
     """(keep, fill) of ``masked_fill(·, mask, value)``: ``1 - mask`` and ``value`` where
     ``mask`` else 0, in ``dtype``."""
-    def build():
-        keep = emit(aten.to.dtype, emit(aten.logical_not.default, mask), dtype)
-        fill = emit(aten.where.self, mask,
-                    emit(aten.scalar_tensor.default, value, dtype=dtype),
-                    emit(aten.scalar_tensor.default, 0.0, dtype=dtype))
-        return keep, fill
-
-    return memo.memo(("fill", mask, value, dtype), build)
+    keep = emit(aten.to.dtype, emit(aten.logical_not.default, mask), dtype)
+    fill = emit(aten.where.self, mask,
+                emit(aten.scalar_tensor.default, value, dtype=dtype),
+                emit(aten.scalar_tensor.default, 0.0, dtype=dtype))
+    return keep, fill
 
 
 def _describe(op) -> str:
@@ -122,8 +115,7 @@ def _describe(op) -> str:
     return f"{name} {other}"
 
 
-def apply_ops(emit: Emitter, scores: torch.fx.Node, ops: tuple, memo, layout: Layout
-              ) -> tuple:
+def apply_ops(emit: Emitter, scores: torch.fx.Node, ops: tuple, layout: Layout) -> tuple:
     """(the scores after ``ops``, as ``[B * Hkv, G * L, S]``; what was done): each op on the
     grouped scores, tensors read as :func:`operand` says."""
     dtype = tensor_val(scores).dtype
@@ -137,11 +129,11 @@ def apply_ops(emit: Emitter, scores: torch.fx.Node, ops: tuple, memo, layout: La
     for op in ops:
         other = op.other
         if isinstance(other, torch.fx.Node):
-            other = operand(emit, memo, other, shapes[id(op)], layout, four)
+            other = operand(emit, other, shapes[id(op)], layout, four)
         if op.target is aten.tanh.default:
             scores = emit(aten.tanh.default, scores)
         elif op.target is aten.masked_fill.Scalar:
-            keep, fill = _fill_parts(emit, memo, other, op.value, dtype)
+            keep, fill = _fill_parts(emit, other, op.value, dtype)
             scores = emit(aten.add.Tensor, emit(aten.mul.Tensor, scores, keep), fill)
         elif not (op.target in _TIMES and other == 1.0):     # x * 1 and x / 1 are x
             target = {aten.mul.Scalar: aten.mul.Tensor, aten.div.Scalar: aten.div.Tensor,

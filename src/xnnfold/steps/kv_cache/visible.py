@@ -34,25 +34,21 @@ import torch.fx
 
 from ...graph.emit import Emitter
 from ...graph.node_meta import tensor_val
-from . import mask_proof, visible_config
-from .positions import CAUSAL
+from . import visible_config
+from .plan import Proof
 
 aten = torch.ops.aten
 HOW = "only the rows up to the position read (P + L rows, a count known at run time)"
 
 
-def blocks_past_position(proven) -> bool:
-    """Whether a mask proven to be ``proven`` blocks every row past the step's last position."""
-    return proven == CAUSAL or mask_proof.window_of(proven) is not None
-
-
-def why_not(proven, start) -> Optional[str]:
-    """Why this attention reads every cache row (None: it may read the visible rows only). A
-    mask per head is proven head by head against the one table (:mod:`.mask_proof`), a mask
-    per batch is not proven: the mask built here serves every head and batch entry."""
+def why_not(proof: Optional[Proof], start) -> Optional[str]:
+    """Why this attention reads every cache row (None: it may read the visible rows only), its
+    mask proven ``proof`` (or not, None). A mask per head is proven head by head against the
+    one table (:mod:`.mask_proof`), a mask per batch is not proven: the mask built here serves
+    every head and batch entry."""
     if start is None:
         return "the positions written are not proven arange(L) + P"
-    if not blocks_past_position(proven):
+    if proof is None or not proof.blocks_past_position:
         return "the mask is not proven causal from the position"
     return None
 
@@ -89,35 +85,31 @@ def rows(emit: Emitter, cache3: torch.fx.Node, visible: torch.fx.Node) -> torch.
     return emit(aten.slice.Tensor, cache3, 1, 0, visible)
 
 
-def window_rows(proven) -> Optional[int]:
+def window_rows(proof: Optional[Proof]) -> Optional[int]:
     """``W`` where a query row attends the ``W`` rows up to its position only (a window), None
     where it attends every row up to it: the lower bound of the mask built below."""
-    return mask_proof.window_of(proven)
+    return proof.window if proof is not None else None
 
 
-def mask(emit: Emitter, memo, positions: torch.fx.Node, visible: torch.fx.Node, groups: int,
-         proven: str, dtype: torch.dtype) -> torch.fx.Node:
+def mask(emit: Emitter, positions: torch.fx.Node, visible: torch.fx.Node, groups: int,
+         proof: Optional[Proof], dtype: torch.dtype) -> torch.fx.Node:
     """The additive mask over the visible rows, ``[G * L, V]`` (row ``g * L + l`` of the
     grouped scores: query row ``l`` at position ``positions[l]``): 0 where the proven mask
     attends (column ``c <= positions[l]``, and ``c > positions[l] - W`` within a window of
-    ``W``), ``-inf`` elsewhere. Built once per program, on portable, on ``[L, V]``: the
-    model's own mask is proven to be this one, over all ``S`` columns (:mod:`.mask_proof`),
-    and is no longer computed."""
-    def build():
-        columns = emit(aten.arange.default, visible, dtype=tensor_val(positions).dtype)
-        at = emit(aten.unsqueeze.default, positions, 1)                     # [L, 1]
-        attended = emit(aten.le.Tensor, columns, at)                         # [L, V]
-        window = window_rows(proven)
-        if window is not None:
-            attended = emit(aten.logical_and.default, attended,
-                            emit(aten.gt.Tensor, columns, emit(aten.sub.Tensor, at, window)))
-        additive = emit(aten.where.self, attended,
-                        emit(aten.scalar_tensor.default, 0.0, dtype=dtype),
-                        emit(aten.scalar_tensor.default, float("-inf"), dtype=dtype))
-        if groups > 1:
-            additive = emit(aten.repeat.default, additive, [groups, 1])
-        return (additive,)
-
-    # every layer's positions are the same values (arange(L) + P, the same P: ``visible``'s);
-    # the first layer's, which precede every later attention, build the one mask
-    return memo.memo(("visible", visible, groups, proven, dtype), build)[0]
+    ``W``), ``-inf`` elsewhere. Built on portable, on ``[L, V]``, once per program (every
+    layer's positions are the same values, ``arange(L) + P``: the step merges the repeats):
+    the model's own mask is proven to be this one, over all ``S`` columns
+    (:mod:`.mask_proof`), and is no longer computed."""
+    columns = emit(aten.arange.default, visible, dtype=tensor_val(positions).dtype)
+    at = emit(aten.unsqueeze.default, positions, 1)                         # [L, 1]
+    attended = emit(aten.le.Tensor, columns, at)                             # [L, V]
+    window = window_rows(proof)
+    if window is not None:
+        attended = emit(aten.logical_and.default, attended,
+                        emit(aten.gt.Tensor, columns, emit(aten.sub.Tensor, at, window)))
+    additive = emit(aten.where.self, attended,
+                    emit(aten.scalar_tensor.default, 0.0, dtype=dtype),
+                    emit(aten.scalar_tensor.default, float("-inf"), dtype=dtype))
+    if groups > 1:
+        additive = emit(aten.repeat.default, additive, [groups, 1])
+    return additive
