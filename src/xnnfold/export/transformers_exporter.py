@@ -78,7 +78,11 @@ with _without_broken_torchvision():
 
 
 def _fingerprint(function) -> str:
-    source = re.sub(r"\s+", " ", inspect.getsource(function)).strip()
+    """sha256 of ``function``'s source, whitespace collapsed ("" without a source: a mismatch)."""
+    try:
+        source = re.sub(r"\s+", " ", inspect.getsource(function)).strip()
+    except (OSError, TypeError):
+        return ""
     return hashlib.sha256(source.encode()).hexdigest()
 
 
