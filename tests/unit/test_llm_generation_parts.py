@@ -67,6 +67,15 @@ def test_sampling_draws_from_exactly_the_nucleus_in_proportion(spread, temperatu
     assert 0.5 * float((counts - expected).abs().sum()) < 0.04     # total variation
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 3e-39])
+def test_a_tiny_temperature_keeps_the_top_token(temperature, recwarn):
+    """Its inverse beyond float32 (1e-40), or the logits times it (3e-39): the top token, as
+    the temperature's limit, and no overflow warning."""
+    pick = Sampling(temperature=temperature, top_p=0.9, seed=2).picker()
+    assert {pick(LOGITS) for _ in range(20)} == {4}
+    assert not [w for w in recwarn if "overflow" in str(w.message)]
+
+
 def test_sampling_cuts_the_nucleus_inside_one_bucket():
     """Logits 1e-4 apart share a bucket: the cut is the definition's, token by token."""
     logits = torch.arange(40, dtype=torch.float32) * -1e-4

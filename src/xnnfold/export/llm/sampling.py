@@ -56,12 +56,15 @@ class Sampling:
     def picker(self):
         """A function ``logits (1, V) -> token id`` for one generation (its own generator)."""
         rng = numpy.random.default_rng(self.seed)
+        # a temperature whose inverse is beyond float32 leaves the top token alone: greedy
+        # (computed with it, the top token's weight would be 0 * inf)
+        greedy = self.temperature * float(numpy.finfo(numpy.float32).max) < 1
 
         def pick(logits) -> int:
             row = logits.reshape(-1)[:self.vocabulary]
             if not isinstance(row, numpy.ndarray):         # a torch tensor: a view, no copy
                 row = row.float().numpy()
-            if self.temperature == 0:
+            if greedy:
                 return int(row.argmax())
             return _draw(row, self.temperature, self.top_p, rng)
         return pick
@@ -73,7 +76,8 @@ def _draw(row: numpy.ndarray, temperature: float, top_p: float, rng) -> int:
         raise ValueError(f"the logits' largest is {top}: nothing to sample from")
     # each token's probability times a constant: 1 for the top token
     weights = row - top
-    weights *= numpy.float32(1.0 / temperature)
+    with numpy.errstate(over="ignore"):        # -inf at a tiny temperature: a weight of 0
+        weights *= numpy.float32(1.0 / temperature)
     numpy.exp(weights, out=weights)
     bucket = weights.view(numpy.int32) >> _BUCKET_SHIFT
     mass = numpy.bincount(bucket, weights=weights)[::-1]     # the likeliest bucket first
