@@ -99,6 +99,11 @@ class KVCacheStep:
     def run(self, program: ExportedProgram, context: Context) -> Outcome:
         return Outcome(rewrite_kv_caches(program, context.llm_kernels, self.visible_rows))
 
+    def open(self, partitioner):
+        """The visible rows where the partitioner's configs can take them (the protocol)."""
+        from .visible_config import open_visible_rows
+        return open_visible_rows(partitioner, STEP_VISIBLE_ROWS, STEP)
+
     def summary(self, records: list) -> Optional[str]:
         """Which kernels the lowered program needs, after this step."""
         if not records:
