@@ -138,14 +138,13 @@ def _has_methods(pte: str, *names: str) -> bool:
 
 def _source_tokenizer(args):
     """The tokenizer of an encoder-decoder's source: a tokenizer.json read by Hugging Face's
-    tokenizers where installed (transformers' encoding, the special tokens included: BART's
-    post-processor is one executorch's C++ tokenizers do not load), else as
-    :func:`_tokenizer`."""
+    tokenizers (executorch's pytorch-tokenizers depends on it) as transformers reads it, the
+    special tokens included (BART's post-processor is one executorch's C++ tokenizers do not
+    load); a tokenizer.model as :func:`_tokenizer` reads it."""
     from ..export.llm.text import SourceTokenizer, runner_tokenizer
-    from .command import not_installed
 
     path = args.tokenizer or runner_tokenizer(Path(args.pte).parent)
-    if path is None or Path(path).suffix != ".json" or not_installed("tokenizers"):
+    if path is None or Path(path).suffix != ".json":
         return _tokenizer(args)
     if args.num_bos:
         raise UsageError(f"--num-bos {args.num_bos}: an encoder-decoder's source takes the "

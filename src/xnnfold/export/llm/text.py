@@ -107,7 +107,7 @@ class RunnerTokenizer:
 
 class SourceTokenizer:
     """A ``tokenizer.json`` read with Hugging Face's ``tokenizers`` (a dependency of
-    transformers), as transformers' tokenizer reads it: for an encoder-decoder model's source,
+    executorch's ``pytorch-tokenizers``), as transformers' tokenizer reads it: for an encoder-decoder model's source,
     which no executorch runner reads, encoded with the special tokens its post-processor adds
     (BART's ``<s>`` ... ``</s>``, a ``RobertaProcessing`` that executorch's C++ tokenizers do
     not load)."""
