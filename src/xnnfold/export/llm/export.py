@@ -30,9 +30,8 @@ transformers is imported by the functions that need it, never by importing this 
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
-import warnings
+import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -42,7 +41,8 @@ from torch import nn
 from ...usage import first_line
 from ..experts import routed_experts
 from ..static_cache import with_static_cache
-from .sizes import cache_sizes
+from .quantize import quantized_copy
+from .sizes import positions_of, runner_metadata, sizes, text_config  # noqa: F401 - its names
 
 # The one method executorch's runner calls (llm_runner_helper: "forward" when the program has
 # it); the names of the two-method layout, which this module no longer writes.
@@ -60,54 +60,6 @@ class GenerationPrograms:
     max_cache: int = 0
     max_prefill: int = 0
     capped: list = field(default_factory=list)   # each size capped, one line (sizes())
-
-
-def _text_config(model):
-    return model.config.get_text_config()
-
-
-def positions_of(model) -> Optional[int]:
-    """The model's own limit on positions (``max_position_embeddings``), if it has one."""
-    config = _text_config(model)
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def sizes(model, max_cache: Optional[int] = None, max_prefill: Optional[int] = None,
-          said: Optional[list] = None) -> tuple:
-    """(cache rows, longest prefill) of ``model``: :func:`xnnfold.export.llm.sizes.cache_sizes`,
-    each size it capped said in a warning (and appended to ``said``)."""
-    capped: list = []
-    chosen = cache_sizes(positions_of(model), max_cache, max_prefill, capped)
-    for line in capped:
-        warnings.warn(f"{type(model).__name__}: {line}", stacklevel=3)
-    if said is not None:
-        said.extend(capped)
-    return chosen
-
-
-def _metadata(model, max_cache: int, max_prefill: int) -> dict:
-    config = _text_config(model)
-    # enable_dynamic_shape: the runner prefills a chunk in one call (else token by token)
-    metadata = {"get_max_seq_len": max_prefill, "get_max_context_len": max_cache,
-                "get_vocab_size": int(config.vocab_size), "use_kv_cache": True,
-                "use_sdpa_with_kv_cache": False, "enable_dynamic_shape": max_prefill > 1}
-    layers = getattr(config, "num_hidden_layers", None)
-    if isinstance(layers, int):
-        metadata["get_n_layers"] = layers
-    generation = getattr(model, "generation_config", None)
-    for source in (generation, config):
-        bos = getattr(source, "bos_token_id", None)
-        if isinstance(bos, int) and "get_bos_id" not in metadata:
-            metadata["get_bos_id"] = bos
-        eos = getattr(source, "eos_token_id", None)
-        eos = [eos] if isinstance(eos, int) else eos
-        if eos and all(isinstance(e, int) for e in eos) and "get_eos_ids" not in metadata:
-            metadata["get_eos_ids"] = list(eos)
-    return metadata
 
 
 class CannotExport(RuntimeError):
@@ -148,7 +100,7 @@ def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
     if quantize is not None:
         model = quantized_copy(model, quantize)
     example = max(1, min(example_tokens, max_prefill))
-    vocab = int(_text_config(model).vocab_size)
+    vocab = int(text_config(model).vocab_size)
     kwargs = {"input_ids": torch.randint(0, vocab, (1, example), dtype=torch.long),
               "cache_position": torch.arange(example, dtype=torch.long)}
     shapes = None
@@ -161,18 +113,8 @@ def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
         with routed_experts(model, max_prefill):
             forward = torch.export.export(stepper, (), kwargs, dynamic_shapes=shapes,
                                           strict=True)
-    return GenerationPrograms({FORWARD: forward}, _metadata(model, max_cache, max_prefill),
+    return GenerationPrograms({FORWARD: forward}, runner_metadata(model, max_cache, max_prefill),
                               max_cache, max_prefill, capped)
-
-
-def quantized_copy(model: nn.Module, scheme: str) -> nn.Module:
-    """A copy of ``model`` (the caller's stays as it is) with its linears quantized by
-    ``scheme`` (:func:`xnnfold.export.llm.quantize.quantize_linears`)."""
-    from .quantize import quantize_linears
-
-    copied = copy.deepcopy(model)
-    quantize_linears(copied, scheme)
-    return copied
 
 
 @dataclass
@@ -220,7 +162,15 @@ def lower_generation(generation: GenerationPrograms, partitioner_class=None,
     cache = set().union(*written.values())
     program = edge.to_executorch(emit_config())
     check_shared(program.executorch_program, list(generation.programs), cache)
-    return LoweredGeneration(program.buffer, partitioners, inspected)
+    # executorch's .buffer joins the serialized chunks into one bytes while they are alive: a
+    # second .pte in memory at the export's peak. Streamed to a file and read back once the
+    # chunks (and the lowered programs' copies of the weights) are dropped, it is there once.
+    with tempfile.TemporaryFile() as file:
+        program.write_to_file(file)
+        del program, edge
+        file.seek(0)
+        pte = file.read()
+    return LoweredGeneration(pte, partitioners, inspected)
 
 
 class CacheNotShared(RuntimeError):

@@ -19,6 +19,8 @@ torchao is imported when a quantization is applied, never by importing this modu
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -71,3 +73,15 @@ def quantize_linears(model: nn.Module, scheme: str, group_size: int = DEFAULT_GR
                             if scheme == W4 else ""))
     quantize_(model, config, filter_fn=lambda module, _: takes(module))
     return count
+
+
+def quantized_copy(model: nn.Module, scheme: str) -> nn.Module:
+    """A copy of ``model`` with its linears quantized by ``scheme`` (:func:`quantize_linears`);
+    the caller's model stays as it is. The copy's modules are new, its tensors the caller's:
+    the quantization sets each quantized linear's weight anew (it never writes the fp32 one),
+    so the caller's model is unchanged, and the weights are never held twice (a deep copy was
+    a second fp32 copy of the whole model at its peak)."""
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    copied = copy.deepcopy(model, memo=shared)
+    quantize_linears(copied, scheme)
+    return copied

@@ -1,0 +1,69 @@
+"""What an LLM export holds in memory, on small graphs: the quantized copy shares the caller's
+tensors (no second copy of the weights) and leaves the caller's model as it was; the .pte is
+built through a file (its bytes those of executorch's ``.buffer``)."""
+
+import torch
+from torch import nn
+
+from xnnfold.export.llm.quantize import quantized_copy
+
+
+class _Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 32)
+        self.body = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 64, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.ones(32))
+
+    def forward(self, ids):
+        return self.head(self.body(self.embed(ids)) * self.scale)
+
+
+def test_the_quantized_copy_shares_the_callers_tensors_and_changes_nothing_of_it():
+    model = _Tied().eval()
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    copied = quantized_copy(model, "8da4w")
+    # the tensors nothing quantizes are the caller's own, not copies
+    assert copied.embed.weight is model.embed.weight
+    assert copied.scale is model.scale and copied.body.bias is model.body.bias
+    # the copy's linears are quantized; the caller's are the fp32 ones, bit for bit
+    assert type(copied.body.weight.data) is not torch.Tensor
+    assert type(model.body.weight.data) is torch.Tensor and model.head.weight is model.embed.weight
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+    ids = torch.randint(0, 64, (1, 5))
+    with torch.no_grad():
+        assert torch.equal(model(ids), _reference(before)(ids))
+
+
+def _reference(state):
+    model = _Tied().eval()
+    model.load_state_dict(state)
+    return model
+
+
+def test_the_pte_read_back_from_the_file_is_executorchs_buffer():
+    from executorch.exir import to_edge_transform_and_lower
+
+    from xnnfold.export.llm.export import GenerationPrograms, lower_generation
+
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("total", torch.zeros(4))
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.total.add_(x.sum(0))
+            return self.linear(x) + self.total
+
+    program = torch.export.export(Counter().eval(), (torch.ones(2, 4),))
+    lowered = lower_generation(GenerationPrograms({"forward": program}))
+    from xnnfold.export.llm.export import emit_config
+    from xnnfold.partitioner import XnnpackPartitioner
+
+    again = to_edge_transform_and_lower({"forward": program},
+                                        partitioner={"forward": [XnnpackPartitioner()]})
+    assert lowered.pte == again.to_executorch(emit_config()).buffer
