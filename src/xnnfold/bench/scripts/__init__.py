@@ -29,6 +29,7 @@ SCRIPTS = {
     "whisper": "whisper",
     "hf-text-length": "hf_text_length",
     "llm-runner": "llm_runner",
+    "llm-folder": "llm_folder",
 }
 
 
