@@ -22,7 +22,7 @@ from . import config as settings
 from . import pipeline
 from .config import Config
 from .dim_order import warn_of_conflicts
-from .errors import warn_or_raise
+from .errors import StrictFallback, warn_or_raise
 from .passthrough import untag_vanishing_copies
 from .steps.fold.rules import DEFAULT_RULES, RuleSet
 from .shape_env import for_lowering
@@ -191,9 +191,17 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
         (a later step extends what an earlier one put)."""
         opened = []
         for step in steps:
-            opening = step.open(self) if callable(getattr(step, "open", None)) else None
-            if opening is None:
+            if not callable(getattr(step, "open", None)):
                 opened.append(step)
+                continue
+            try:
+                opening = step.open(self)
+            except StrictFallback:
+                raise
+            except Exception as error:  # noqa: BLE001 - the step left out: stock's lowering
+                warn_or_raise(logger, "xnnfold: the %s step is off: it could not open what it "
+                              "needs of the partitioner: %s: %s", step.name,
+                              type(error).__name__, error)
                 continue
             self.target_partitioner_configs.update(opening.configs)
             if opening.step is not None:

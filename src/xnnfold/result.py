@@ -38,7 +38,9 @@ class FoldResult:
     """What ``fold_gemm_params`` returns: the program to lower and the record of the fold.
 
     ``records``: each step's records, by step name, in the order the steps ran (a step that
-    did not run has none); ``modified`` is derived from them: a record that rewrote."""
+    did not run has none); ``modified`` is derived from them: a record that rewrote. The
+    pipeline holds each step's records to what it changed in the graph (a change no record
+    reports is a failure of the pass), so ``modified`` is what the program shows."""
 
     program: ExportedProgram
     operands: list = field(default_factory=list)      # GemmOperand, in graph order

@@ -254,6 +254,29 @@ def test_a_new_steps_opening_is_used_without_naming_it(monkeypatch):
     assert "opens" not in [s.name for s in xnnfold.XnnpackPartitioner().fold.steps]
 
 
+class FailsToOpen:
+    name = "fails_to_open"
+
+    def open(self, partitioner):
+        raise RuntimeError("no such config")
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["users", "strict"])
+def test_a_step_that_fails_to_open_is_left_out(monkeypatch, xnnfold_log, strict):
+    """An opening that fails leaves its step out (the program lowers as stock lowers what
+    that step would have rewritten), with one warning naming it; strict mode raises."""
+    set_strict(monkeypatch, strict)
+    monkeypatch.setattr(pipeline, "STEPS", pipeline.STEPS + (FailsToOpen(),))
+    if strict:
+        with pytest.raises(StrictFallback, match="the fails_to_open step is off"):
+            xnnfold.XnnpackPartitioner()
+        return
+    ours = xnnfold.XnnpackPartitioner()
+    assert [s.name for s in ours.fold.steps] == [s.name for s in pipeline.STEPS[:-1]]
+    assert "the fails_to_open step is off: it could not open what it needs of the " \
+        "partitioner: RuntimeError: no such config" in xnnfold_log.text
+
+
 def test_a_config_extends_only_its_own_class():
     class Config:
         pass
