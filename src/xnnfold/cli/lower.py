@@ -83,6 +83,7 @@ def _cmd_lower(args) -> int:
     import xnnfold
     from ..explain import Explanation
     from ..pte import STOCK, XNNFOLD, lower
+    from ..pte.files import write_atomically
     from ..steps import projections
     from ..models.sources import export
 
@@ -97,7 +98,7 @@ def _cmd_lower(args) -> int:
         raise UsageError(f"{args.program}: lowering failed ({first_line(error, 200)})")
     output = Path(args.output)
     try:
-        output.write_bytes(lowered.pte)
+        write_atomically(output, lowered.pte)     # whole, or the name left as it was
     except OSError as error:
         raise UsageError(f"{args.output}: cannot be written ({error.strerror})")
     fold = lowered.fold

@@ -135,6 +135,7 @@ def _export_part(part, destination: Path, exported: Exported, compare: bool, rep
 
     from ...pte.compare import compare_outputs
     from ...pte import STOCK, XNNFOLD, PteRunner, lower
+    from ...pte.files import write_atomically
     from ...pte.timing import time_interleaved
 
     with torch.no_grad():
@@ -147,7 +148,7 @@ def _export_part(part, destination: Path, exported: Exported, compare: bool, rep
         lowered = {variant: lower(program, variant,
                                   {"prefer": prefer} if variant == XNNFOLD else None)
                    for variant in variants}
-    destination.write_bytes(lowered[XNNFOLD].pte)
+    write_atomically(destination, lowered[XNNFOLD].pte)  # whole, or the name as it was
     runners = {v: PteRunner(low.pte) for v, low in lowered.items()}
     times = time_interleaved(runners, part.inputs, reps) if compare else {}
     for variant, low in lowered.items():

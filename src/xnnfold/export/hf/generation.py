@@ -23,6 +23,7 @@ import torch
 
 from ..adaptations import adaptations
 from . import plan as hf_plan, rows as hf_rows
+from ...pte.files import write_atomically
 from ...pte.timing import medians_interleaved
 
 
@@ -169,7 +170,7 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
         variants.append(written)
     with hf_rows.failing_as_usage(f"lowering {name}'s forward"):
         lowered = {variant: _lower(generation, variant, prefer) for variant in variants}
-    output.write_bytes(lowered[written][0])
+    write_atomically(output, lowered[written][0])    # whole, or the name left as it was
     generators = {variant: Generator(pte) for variant, (pte, _) in lowered.items()}
     torch.manual_seed(0)
     prompt = torch.randint(0, generation.metadata["get_vocab_size"], (tokens,)).tolist()

@@ -21,6 +21,7 @@ import torch
 
 from . import plan as hf_plan, rows as hf_rows
 from ...pte.compare import compare_outputs
+from ...pte.files import write_all_atomically, write_atomically
 from ...pte.timing import medians_interleaved
 from .generation import MethodLowering
 
@@ -110,17 +111,19 @@ def export_seq2seq_generation(model, output: Path, folder: str, compare: bool, t
         lowered = {variant: _lower(programs, variant, prefer) for variant in variants}
     ptd = output.with_suffix(".ptd")
     written, _ = lowered[XNNFOLD]
-    output.write_bytes(written.pte)
-    if written.ptd is not None:
-        ptd.write_bytes(written.ptd)
-    elif ptd.exists():
+    # both complete before either name is taken: never a new .pte beside a half-written .ptd
+    write_all_atomically({output: written.pte, **(
+        {ptd: written.ptd} if written.ptd is not None else {})})
+    if written.ptd is None and ptd.exists():
         ptd.unlink()                       # a stale .ptd would be loaded beside this .pte
     loaded = {XNNFOLD: Seq2SeqProgram(output)}
     if compare:
         stock = output.with_suffix(".stock.pte")
-        stock.write_bytes(lowered[STOCK][0].pte)
-        loaded[STOCK] = Seq2SeqProgram(stock, data=None)
-        stock.unlink()                     # loaded: the runtime keeps its own copy
+        write_atomically(stock, lowered[STOCK][0].pte)
+        try:
+            loaded[STOCK] = Seq2SeqProgram(stock, data=None)
+        finally:
+            stock.unlink()                 # loaded: the runtime keeps its own copy
     inputs = example_input(model, tokens)
     verdicts = {v: _check(model, p, inputs) if check else None for v, p in loaded.items()}
     timed = _time(loaded, inputs, reps) if compare else {}
