@@ -100,6 +100,7 @@ def _plan(attention: pattern.CacheAttention, facts: Facts) -> Plan:
     proven = proof if isinstance(proof, Proof) else None
     # the caches re-shaped (every path but SHARED) only where this attention alone reads them
     private = _why_not_private(facts, attention)
+    # why the LLM kernels' in-place update cannot write these caches
     why_not_update = private or (None if start is not None else
                                  "the positions written are not arange(L) + P (or a single "
                                  "position) for both caches") or facts.no_item
