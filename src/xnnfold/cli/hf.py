@@ -44,6 +44,9 @@ def _hf_arguments(parser) -> None:
                         "linears quantized (torchao): 8da4w, 8-bit dynamic activations and "
                         "4-bit weights in groups of 32 (optimum-executorch's --qlinear 8da4w); "
                         "int8, 8-bit dynamic activations and 8-bit weights per channel")
+    parser.add_argument("--force", action="store_true", help="a causal LM: export even where "
+                        "its estimated peak memory exceeds the memory available here (refused "
+                        "before any work otherwise)")
 
 
 def _check_hf(args) -> None:
@@ -67,6 +70,10 @@ def _check_hf(args) -> None:
     if unknown_to is not None:
         raise UsageError(f"{args.folder}: transformers {unknown_to} has no class "
                          f"{args.plan.architecture}")
+    if not args.force:                    # a folder that cannot fit: before torch loads
+        from ..export.hf.fits import check_plan
+        check_plan(args.plan, args.quantize, not args.no_cache, args.max_cache,
+                   args.max_prefill)
 
 
 def _unknown_to_transformers(architecture: str):
@@ -100,7 +107,7 @@ def _cmd_hf(args) -> int:
                                 prefer=args.prefer, check=not args.no_check,
                                 cache=not args.no_cache, max_cache=args.max_cache,
                                 max_prefill=args.max_prefill, llm_kernels=args.llm_kernels,
-                                quantize=args.quantize)
+                                quantize=args.quantize, force=True)   # checked before
     print(hf_rows.table(exported.rows))
     for note in exported.notes:
         print(note)

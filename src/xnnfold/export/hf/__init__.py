@@ -49,20 +49,24 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
                   attention: str = "auto", reps: int = 10, prefer: str = "speed",
                   check: bool = True, cache: bool = True, max_cache: Optional[int] = None,
                   max_prefill: Optional[int] = None, llm_kernels: bool = False,
-                  quantize: Optional[str] = None) -> Exported:
+                  quantize: Optional[str] = None, force: bool = False) -> Exported:
     """Write the .pte of every part of ``plan``'s model, each checked against eager on the
     runtime unless ``check`` is False; with ``compare``, stock's lowering beside xnnfold's,
     timed. ``prefer``: xnnfold's (``XnnpackPartitioner(prefer=...)``). A causal LM is
     generation-ready unless ``cache`` is False (``max_cache``/``max_prefill``: its sizes;
     ``llm_kernels``: its cache on executorch's LLM kernels, see
     :class:`~xnnfold.XnnpackPartitioner`; ``quantize``: its linears, a scheme of
-    :mod:`xnnfold.export.llm.quantize`)."""
+    :mod:`xnnfold.export.llm.quantize`). A causal LM whose export cannot fit this machine's
+    memory is refused before its weights load (:mod:`.fits`) unless ``force``."""
     from . import parts as hf_parts
 
     output_path = Path(output)
     if not output_path.parent.exists():
         raise UsageError(f"{output}: folder {output_path.parent} does not exist")
     check_generation_options(plan, str(output_path), cache, quantize)
+    if not force:
+        from .fits import check_plan
+        check_plan(plan, quantize, cache, max_cache, max_prefill)
     model, attention_note = hf_parts.load(plan, attention)
     if plan.kind == CAUSAL_LM and cache:
         from .generation import export_generation
