@@ -222,3 +222,18 @@ def test_each_row_has_its_own_scale():
     # the whole tensor's scale (100) would let 5e-4 through; its row's (1) does not
     assert compare_outputs(off, expected, atol=0.0, rtol=1e-4 * 100).ok
     assert not compare_outputs(off, expected, per_row=True).ok
+
+
+def test_a_vector_is_one_row_and_a_scalar_its_own_scale():
+    """Outputs of rank < 2 with per_row (what ``xnnfold hf`` asks for every output): a 1-D
+    output's row is the whole tensor, a 0-dim one is judged at its own magnitude, integers are
+    exact."""
+    vector = torch.tensor([5.0, 0.01, -3.0])
+    assert compare_outputs(vector + torch.tensor([0.0, 3e-5, 0.0]), vector, per_row=True).ok
+    assert not compare_outputs(vector + torch.tensor([0.0, 1.5e-3, 0.0]), vector,
+                               per_row=True).ok
+    small = torch.tensor(0.01)
+    assert not compare_outputs(small + 3e-5, small, per_row=True).ok    # > 1e-5 + 1e-4 * 0.01
+    assert compare_outputs(torch.tensor(5.0) + 3e-5, torch.tensor(5.0), per_row=True).ok
+    ids = torch.tensor([[3, 4]])
+    assert not compare_outputs(ids + torch.tensor([[0, 1]]), ids, per_row=True).ok
