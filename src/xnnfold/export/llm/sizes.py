@@ -1,5 +1,7 @@
 """The sizes of a generation .pte's cache and prefill: defaults and checks (plain integers, so
-that a command line checks them from a config.json before torch loads)."""
+that a command line checks them from a config.json before torch loads), the same read from a
+loaded model, and the constant methods executorch's runner reads beside them (its sizes, its
+vocabulary, its special ids). Nothing here imports torch."""
 
 from __future__ import annotations
 
