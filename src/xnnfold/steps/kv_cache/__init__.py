@@ -82,9 +82,7 @@ def rewrite_kv_caches(program: ExportedProgram, llm_kernels_wanted: bool = False
         program.graph.eliminate_dead_code()
         merge_mask_repeats(program.graph, set(program.graph.nodes) - before,
                            grouped.MASK_VIEW_OPS)
-        program.graph.eliminate_dead_code()
-        program.graph.lint()
-        program.graph_module.recompile()
+        # the pipeline then tidies (what the merge left dead, lint, recompile, output specs)
     return records
 
 
