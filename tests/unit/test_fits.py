@@ -180,3 +180,12 @@ def test_export_folder_refuses_before_loading_unless_forced(tmp_path, monkeypatc
         hf.export_folder(huge, str(tmp_path / "huge.pte"))
     with pytest.raises(Loaded):
         hf.export_folder(huge, str(tmp_path / "huge.pte"), force=True)
+
+
+def test_a_file_the_safetensors_package_wrote_is_counted(tmp_path):
+    import torch
+    save_file = pytest.importorskip("safetensors.torch").save_file    # transformers' own
+
+    save_file({"embed": torch.zeros(64, 16, dtype=torch.bfloat16), "norm": torch.ones(16)},
+              str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    assert fits.checkpoint_parameters(tmp_path) == (64 * 16 + 16, "1 safetensors header(s)")
