@@ -39,3 +39,22 @@ def test_sdpa_asked_where_transformers_has_none_is_one_line(tmp_path):
     with pytest.raises(UsageError, match=r"has no SDPA attention for Gemma2ForCausalLM: use "
                                          r"attention=eager \(or auto\)$"):
         parts.load(saved("gemma2", tmp_path), "sdpa")
+
+
+def test_a_bfloat16_folder_loads_as_float32_and_says_so(tmp_path):
+    # transformers 5 loads a checkpoint in its own dtype; XNNPACK 1.5.1 delegates no bfloat16
+    # GEMM, so a published (bfloat16) folder would run every linear on portable
+    import torch
+
+    model = decoder_lm.causal_lm("llama", decoder_lm.Dims(hidden=32, layers=1, heads=2,
+                                                         kv_heads=1, vocab=64, cache=8))
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    loaded, note = parts.load(hf_plan.plan(str(tmp_path), tokens=2, max_cache=8), "auto")
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    assert note.endswith("its bfloat16 weights loaded as float32 (XNNPACK 1.5.1 delegates no "
+                         "bfloat16 GEMM)")
+
+
+def test_a_float32_folder_says_nothing_of_its_dtype(tmp_path):
+    loaded, note = parts.load(saved("llama", tmp_path), "auto")
+    assert "loaded as float32" not in note

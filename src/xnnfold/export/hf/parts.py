@@ -70,8 +70,13 @@ def choose_attention(cls, asked: str) -> tuple:
 
 
 def load(plan: "hf_plan.Plan", attention: str) -> tuple:
-    """(the class config.json names, with the folder's weights, in eval mode; which attention
-    it was loaded with and why)."""
+    """(the class config.json names, with the folder's weights as float32, in eval mode; which
+    attention it was loaded with and why, and in which dtype the folder has its weights when
+    that is not float32).
+
+    float32 whatever the folder holds: transformers 5 loads a checkpoint in its own dtype
+    (``dtype="auto"``), and models are published in bfloat16, whose GEMMs executorch 1.5.1's
+    XNNPACK configs decline: every linear of such a program runs on the portable kernels."""
     from ..transformers import import_transformers
 
     tf = import_transformers()
@@ -89,13 +94,17 @@ def load(plan: "hf_plan.Plan", attention: str) -> tuple:
     tf.utils.logging.disable_progress_bar()       # "Loading weights" on stderr, per tensor
     try:
         model = cls.from_pretrained(plan.folder, local_files_only=True,
-                                    attn_implementation=implementation)
+                                    attn_implementation=implementation, dtype=torch.float32)
     except (OSError, ValueError) as error:
         raise UsageError(f"{plan.folder}: {plan.architecture}.from_pretrained failed "
                          f"({first_line(error)})")
     finally:
         if progress:
             tf.utils.logging.enable_progress_bar()
+    stored = plan.config.get("dtype") or plan.config.get("torch_dtype")
+    if stored not in (None, "float32", "auto"):
+        note += (f"; its {stored} weights loaded as float32 (XNNPACK 1.5.1 delegates no "
+                 f"{stored} GEMM)")
     return model.eval(), note
 
 
