@@ -33,6 +33,10 @@ LOOP_BUDGET = 20_000
 # mask has as many more as heads. Beyond, the mask is not proven (rows fully blocked are then
 # handled by a keep factor: a few ops on the mask's own size per step).
 ELEMENT_BUDGET = 2 ** 33
+# Mask elements evaluated and compared at once (a batch of starts of one length): memory reused
+# from batch to batch rather than one tensor of every start, 117 MB fresh pages for each length
+# of a step of 128 rows over 1,024 cache rows.
+BATCH_ELEMENTS = 2 ** 24
 
 
 def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
@@ -70,17 +74,44 @@ def prove_mask(mask: torch.fx.Node, start: torch.fx.Node, rows, cache: int,
                     if not batches:
                         return Declined(f"the mask cannot be evaluated in batches and has "
                                         f"more than {LOOP_BUDGET:,} cases to check")
-                got = _normalized(function.batched(starts, given), len(starts))
-                if isinstance(got, str):
-                    return Declined(got)
-                if kinds is None:
-                    kinds = _kinds(got, starts, length, cache)
-                kinds, why = _still(kinds, got, starts, length, expected, why)
+                batch = max(1, BATCH_ELEMENTS // (heads * length * cache))
+                try:
+                    checked = _checked(function, starts, given, length, cache, expected, kinds, why,
+                                       batch)
+                except Exception:  # noqa: BLE001 - said as an evaluation of every start says it
+                    checked = _checked(function, starts, given, length, cache, expected, kinds, why,
+                                       len(starts))
+                if isinstance(checked, str):
+                    return Declined(checked)
+                kinds, why = checked
                 if not kinds:
                     return Declined(why)
     except Exception as error:  # noqa: BLE001 - a mask this evaluation cannot run: not proven
         return Declined(f"the mask could not be evaluated ({type(error).__name__}: {error})")
     return kinds[0]
+
+
+def _checked(function: MaskFunction, starts, given, length: int, cache: int,
+             expected: "_Expected", kinds, why, batch: int):
+    """(the kinds the mask still is, why the most precise one failed) over ``starts`` (of one
+    length), evaluated ``batch`` starts at a time in order (the first failing start named);
+    ``kinds`` None: read first from the last start's batch. Every batch is evaluated, even once
+    no kind is left, so that an evaluation which raises at some start raises here too; or why
+    the mask has other leading dims."""
+    parts = starts.split(batch)
+    last = None
+    if kinds is None:
+        last = _normalized(function.batched(parts[-1], given), len(parts[-1]))
+        if isinstance(last, str):
+            return last
+        kinds = _kinds(last, parts[-1], length, cache)
+    for index, part in enumerate(parts):
+        got = last if last is not None and index == len(parts) - 1 else \
+            _normalized(function.batched(part, given), len(part))
+        if isinstance(got, str):
+            return got
+        kinds, why = _still(kinds, got, part, length, expected, why)
+    return kinds, why
 
 
 def _vmaps(function: MaskFunction, starts: torch.Tensor, length: int) -> bool:
@@ -121,13 +152,15 @@ def _kinds(got: torch.Tensor, starts, rows: int, cache: int) -> list:
 
 class _Expected:
     """What a kind of mask is at each position: a ``[S, S]`` table, row ``q`` the expected row
-    of a query at position ``q`` (bool, or 0 / -inf), read for every start ``P`` of a step of
-    ``L`` rows as a strided view ``[N, 1, L, S]`` (rows ``P .. P + L - 1``: nothing copied)."""
+    of a query at position ``q`` (bool, or 0 / -inf), read for ``N`` consecutive starts ``P``
+    from ``first`` of a step of ``L`` rows as a strided view ``[N, 1, L, S]`` (rows ``P .. P +
+    L - 1``: nothing copied)."""
 
     def __init__(self, cache: int):
         self.cache, self._tables = cache, {}
 
-    def rows(self, kind: Proof, dtype: torch.dtype, count: int, rows: int) -> torch.Tensor:
+    def rows(self, kind: Proof, dtype: torch.dtype, count: int, rows: int, first: int = 0
+             ) -> torch.Tensor:
         if (kind, dtype) not in self._tables:
             at, columns = torch.arange(self.cache)[:, None], torch.arange(self.cache)[None, :]
             table = columns <= at
@@ -137,7 +170,27 @@ class _Expected:
                 table = torch.where(table, 0.0, float("-inf")).to(dtype)
             self._tables[kind, dtype] = table
         return self._tables[kind, dtype].as_strided((count, 1, rows, self.cache),
-                                                    (self.cache, 0, self.cache, 1))
+                                                    (self.cache, 0, self.cache, 1),
+                                                    first * self.cache)
+
+    def same_bytes(self, kind: Proof, got: torch.Tensor, first: int) -> bool:
+        """Whether ``got`` ([N, heads, L, S], after :meth:`rows` for its kind and dtype) holds
+        the very bytes of the expected rows at every start from ``first``, compared 8 bytes at a
+        time (a bool mask's 1-byte elements: torch.equal's element-wise pass is about 5x
+        slower). Equal bytes are equal values (the table holds no NaN); False where unequal or
+        not comparable so (then compared element by element)."""
+        table = self._tables[kind, got.dtype]
+        width = self.cache * got.element_size()
+        if width % 8 or got.shape[-1] != self.cache or not got.is_contiguous():
+            return False
+        words, (count, heads, rows) = width // 8, got.shape[:3]
+        try:
+            got_words = got.view(torch.int64)
+        except RuntimeError:    # storage not aligned to 8 bytes
+            return False
+        want = table.view(torch.int64).as_strided((count, heads, rows, words),
+                                                  (words, 0, words, 1), first * words)
+        return torch.equal(got_words, want)
 
 
 def _still(kinds: list, got, starts, rows: int, expected: _Expected, why) -> tuple:
@@ -152,8 +205,10 @@ def _still(kinds: list, got, starts, rows: int, expected: _Expected, why) -> tup
         elif got.shape[-2] == 1 and rows != 1:
             failed = f"the mask has one row for a step of {rows}"
         else:
-            want = expected.rows(kind, got.dtype, len(starts), rows).expand(got.shape)
-            failed = _differs(got, want, starts, rows, kind)
+            first = int(starts[0])
+            want = expected.rows(kind, got.dtype, len(starts), rows, first).expand(got.shape)
+            failed = None if expected.same_bytes(kind, got, first) else \
+                _differs(got, want, starts, rows, kind)
         if failed is None:
             kept.append(kind)
         elif why is None and not kept:
