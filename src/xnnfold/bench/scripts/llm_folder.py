@@ -7,9 +7,8 @@ safetensors written tensor by tensor, a tokenizer.json of exactly its vocabulary
 MODEL: smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b (their published
 configs; tied heads as they are). ``--layers`` keeps every per-layer shape and cuts the depth
 (an export's cost per layer, measured faster). ``--dtype``: how the weights are stored and what
-config.json says; transformers loads them as that (``bfloat16``, the default, as the models are
-published; ``float32`` for an fp32 export: `xnnfold hf` exports a bfloat16 folder as bfloat16,
-whose GEMMs stay on portable kernels). Weights N(0, 0.02), norms 1, biases 0, seeded.
+config.json says (``bfloat16``, the default, as the models are published; `xnnfold hf` loads
+either as float32). Weights N(0, 0.02), norms 1, biases 0, seeded.
 """
 
 from __future__ import annotations
