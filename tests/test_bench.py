@@ -117,6 +117,7 @@ def test_report_cli_is_quiet_and_measures_each_variant_in_its_own_process(tmp_pa
     assert f"{by[XNNFOLD]['pte_bytes']:,} / {by['ideal']['pte_bytes']:,}" in line, line
 
 
+@pytest.mark.slow     # a report in a child process each way (~18 s): make test-all; margin under 15 minutes
 def test_quiet_unless_verbose(tmp_path):
     # Importing executorch logs torchao's "Failed to load" lines and torch's W1203 warning:
     # shown with --verbose, filtered without (the runtime's C++ lines: the report test above).
@@ -305,6 +306,7 @@ def test_ctrl_c_stops_the_report_at_once(tmp_path, to):
     assert _session(process.pid) == {}, _session(process.pid)
 
 
+@pytest.mark.slow     # two quantized reports (~28 s): make test-all; margin under 15 minutes
 def test_report_quantized_on_a_factory_and_a_built_in_model(tmp_path):
     """--quantize dynamic in the report: each model PT2E-quantized in every lowering process,
     its .pte run there and here and compared with the converted module (int8 tolerance)."""
