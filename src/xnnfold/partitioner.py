@@ -163,9 +163,10 @@ class XnnpackPartitioner(StockXnnpackPartitioner):
     :class:`~xnnfold.result.FoldResult` of the last program. Its configs also take what its
     steps emit, as each step opens them (the step protocol's ``open``): the GEMMs the fold
     marks (a weight that cannot be a constant) with their weight as a run-time input
-    (:mod:`xnnfold.steps.runtime_weight`), the attention over a KV cache's visible rows. ``partition()`` warns, naming each node,
-    of the ops it leaves outside delegates that the runtime will refuse for the dim orders of
-    their tensors (``dim_order_conflicts``; see :mod:`xnnfold.dim_order`).
+    (:mod:`xnnfold.steps.runtime_weight`), the attention over a KV cache's visible rows.
+    ``partition()`` warns, naming each node, of the ops it leaves outside delegates that the
+    runtime will refuse for the dim orders of their tensors (``dim_order_conflicts``; see
+    :mod:`xnnfold.dim_order`).
     """
 
     checks_dim_orders = True     # partition() warns of ops the runtime will refuse

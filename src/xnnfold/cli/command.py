@@ -18,6 +18,16 @@ CHARTS = "matplotlib"
 QUANTIZE = ("dynamic", "static")
 
 
+
+def runtime_arguments(parser, first_calls: str) -> None:
+    """``--threads`` and ``--no-warmup``, as the commands that run a .pte on the runtime take
+    them; ``first_calls``: what runs untimed first by default (the help's words)."""
+    parser.add_argument("--threads", type=int, help="the runtime's threads (default: its own, "
+                        "one per core)")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help=f"time the first calls too (by default {first_calls} run first, "
+                             "untimed)")
+
 class CommandFailed(Exception):
     """The work was done and its result is wrong (a .pte that does not run or does not match
     eager; every variant of a model failed): one line, exit code 1."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import checks
 from ..usage import UsageError
-from .command import Command
+from .command import Command, runtime_arguments
 
 
 def _generate_arguments(parser) -> None:
@@ -34,11 +34,7 @@ def _generate_arguments(parser) -> None:
                         "tokenizer.json), as the runner's num_bos (default 0, as the runner's)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="do not stop at the EOS ids the .pte names")
-    parser.add_argument("--threads", type=int, help="the runtime's threads (default: its own, "
-                        "one per core)")
-    parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="time the "
-                        "first calls too (by default a prefill and one decode step run first, "
-                        "untimed)")
+    runtime_arguments(parser, "a prefill and one decode step")
 
 
 def _check_generate(args) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from . import checks
 from ..export.seq2seq.extractor import WHERE, feature_extractor_file
 from ..usage import UsageError
-from .command import Command
+from .command import Command, runtime_arguments
 
 
 def _arguments(parser) -> None:
@@ -33,11 +33,7 @@ def _arguments(parser) -> None:
     parser.add_argument("--max-new", type=int, default=64, help="tokens to generate at most")
     parser.add_argument("--data", help="the .ptd (default: the .pte's name with .ptd, if "
                         "there)")
-    parser.add_argument("--threads", type=int, help="the runtime's threads (default: its own, "
-                        "one per core)")
-    parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="time the "
-                        "first run too (by default one encoder call and one decoder step run "
-                        "first, untimed)")
+    runtime_arguments(parser, "one encoder call and one decoder step")
 
 
 def _check(args) -> None:
