@@ -41,6 +41,8 @@ IMAGE = dict(image_size=16, num_channels=3)
     ("ViTForImageClassification", "vit", IMAGE, hf_plan.IMAGE_LOGITS),
     ("ViTModel", "vit", IMAGE, hf_plan.VISION_BASE),
     ("CLIPModel", "clip", dict(text_config=TEXT, vision_config=IMAGE), hf_plan.CLIP),
+    ("LlavaForConditionalGeneration", "llava", dict(vision_config=IMAGE, text_config=TEXT),
+     hf_plan.IMAGE_TEXT),
 ])
 def test_the_class_config_json_names_decides(tmp_path, architecture, model_type, config, kind):
     plan = hf_plan.plan(_folder(tmp_path, architecture, model_type, **config))
@@ -49,7 +51,6 @@ def test_the_class_config_json_names_decides(tmp_path, architecture, model_type,
 
 @pytest.mark.parametrize("architecture, model_type, config", [
     ("Wav2Vec2ForCTC", "wav2vec2", dict(vocab_size=32)),
-    ("LlavaForConditionalGeneration", "llava", dict(vision_config=IMAGE, text_config=TEXT)),
     ("T5Model", "t5", dict(vocab_size=100, is_encoder_decoder=True)),
     ("WhisperModel", "whisper", {}),
     ("ViTForImageClassification", "vit", {}),                   # no image size: no input

@@ -32,6 +32,9 @@ def _generate_arguments(parser) -> None:
     parser.add_argument("--num-bos", type=int, default=0, help="BOS tokens the tokenizer adds "
                         "to a --prompt (its post-processor's special tokens for a "
                         "tokenizer.json), as the runner's num_bos (default 0, as the runner's)")
+    parser.add_argument("--image", help="an image-text-to-text .pte (LLaVA): the image, the "
+                        "processor's pixel_values saved with torch.save; <image> in --prompt "
+                        "marks where it goes")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="do not stop at the EOS ids the .pte names")
     runtime_arguments(parser, "a prefill and one decode step")
@@ -87,6 +90,9 @@ def _cmd_generate(args) -> int:
 
     if args.threads is not None:
         set_threads(args.threads)
+    if args.image is not None:
+        from .generate_image import generate_with_image
+        return generate_with_image(args)
     try:
         try:
             generator = Generator(args.pte)

@@ -14,6 +14,9 @@ from config.json alone, before torch, transformers or the weights load (:func:`p
   once per input, returning every decoder layer's cross-attention keys and values, and
   ``text_decoder`` one token per call over a self-attention cache, the layout executorch's
   speech runner calls; the tied head's table in ``OUT.ptd`` beside it;
+- an image-text-to-text model (LLaVA): the .pte executorch's ``MultimodalRunner`` runs,
+  methods ``vision_encoder``, ``token_embedding``, ``text_decoder``
+  (:mod:`xnnfold.export.multimodal`), the folder's tokenizer copied beside it;
 - ``--no-cache``, and T5 (whose attention is another class): the encoder (Whisper: a full
   window; text: ``input_ids`` + ``attention_mask``) and one decoder step (``--tokens`` tokens
   over the encoder's states, logits), ``OUT.encoder.pte`` and ``OUT.decoder.pte``;
@@ -41,7 +44,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...usage import OptionError, UsageError
-from .plan import CAUSAL_LM, SEQ2SEQ, WHISPER, Plan
+from .plan import CAUSAL_LM, IMAGE_TEXT, SEQ2SEQ, WHISPER, Plan
 from .rows import Exported, failing_as_usage, pte_path, ratios, row
 
 
@@ -67,12 +70,18 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
     if not force:
         from .fits import check_plan
         check_plan(plan, quantize, cache, max_cache, max_prefill)
-    model, attention_note = hf_parts.load(plan, attention)
+    generation = plan.kind == CAUSAL_LM and cache
+    model, attention_note = hf_parts.load(plan, attention, quantize if generation else None)
     if plan.kind == CAUSAL_LM and cache:
         from .generation import export_generation
         exported = export_generation(model, output_path, compare, tokens, reps, prefer, check,
                                      max_cache, max_prefill, llm_kernels, quantize,
                                      plan.folder)
+    elif plan.kind == IMAGE_TEXT:
+        from ..multimodal.hf import export_multimodal_generation
+        exported = export_multimodal_generation(model, output_path, compare, tokens, reps,
+                                                prefer, check, max_cache, max_prefill,
+                                                plan.folder)
     elif plan.kind in (WHISPER, SEQ2SEQ) and cache and _cross_attention(model):
         from .seq2seq import export_seq2seq_generation
         exported = export_seq2seq_generation(model, output_path, plan.folder, compare, tokens,
@@ -120,7 +129,8 @@ def check_generation_options(plan: Plan, output: str, cache: bool, quantize: Opt
         raise OptionError(f"`quantize` {quantize}: for a causal LM's generation .pte only "
                           f"({plan.architecture}{' with `cache=False`' if not cache else ''}); "
                           "`xnnfold lower --quantize` quantizes other programs")
-    if generation or (plan.kind == SEQ2SEQ and cache):    # the tokenizer goes beside the .pte
+    # the tokenizer goes beside the .pte
+    if generation or (plan.kind in (SEQ2SEQ, IMAGE_TEXT) and cache):
         conflicts = copy_conflicts(plan.folder, Path(output).parent)
         if conflicts:
             raise UsageError(f"{conflicts[0]} exists and is not {plan.folder}'s tokenizer: "

@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Optional
 
 from ...usage import OptionError, UsageError
+from ..seq2seq.t5 import positions as relative_positions
 
 # What a folder's class is exported as (Plan.kind).
 CAUSAL_LM, WHISPER, SEQ2SEQ, TEXT_LOGITS, IMAGE_LOGITS, CLIP, TEXT_BASE, VISION_BASE = (
     "causal-lm", "whisper", "seq2seq", "text-logits", "image-logits", "clip", "text", "vision")
+# an image-text-to-text model, for executorch's MultimodalRunner (xnnfold.export.multimodal)
+IMAGE_TEXT = "image-text-to-text"
+IMAGE_TEXT_CLASSES = ("LlavaForConditionalGeneration",)
 # Decode steps the check of a generation .pte takes after its prefill.
 CHECK_STEPS = 4
 _TEXT_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForMaskedLM")
@@ -39,7 +43,7 @@ _STATE_KEYS = ("mamba_d_state", "ssm_state_size", "state_size", "conv_L_cache", 
 _KINDS = ("a causal LM (...ForCausalLM, ...LMHeadModel), Whisper, a text seq2seq model (T5, "
           "BART: ...ForConditionalGeneration), a text classifier or tagger "
           f"({', '.join('...' + h for h in _TEXT_HEADS)}), an image classifier, CLIPModel, "
-          "or a base ...Model")
+          "or a base ...Model; image-text-to-text: " + ", ".join(IMAGE_TEXT_CLASSES))
 
 
 @dataclass
@@ -89,6 +93,8 @@ def _kind(architecture: str, config: dict) -> Optional[str]:
         return WHISPER if architecture == "WhisperForConditionalGeneration" else None
     if architecture.endswith(("ForCausalLM", "LMHeadModel")):
         return None if config.get("is_encoder_decoder") else CAUSAL_LM
+    if architecture in IMAGE_TEXT_CLASSES:
+        return IMAGE_TEXT
     if architecture.endswith("ForConditionalGeneration"):
         text = "vocab_size" in config and not any(k in config for k in (
             "vision_config", "audio_config", "image_size", "num_mel_bins"))
@@ -144,17 +150,23 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
                          f"{model_type!r}); save the model with save_pretrained")
     architecture = architectures[0]
     kind = _kind(architecture, config)
+    if kind is None and "vision_config" in config and "text_config" in config:
+        raise UsageError(f"{folder}: {architecture} (model type {model_type!r}) has no "
+                         "image-text-to-text export yet; supported: "
+                         f"{', '.join(IMAGE_TEXT_CLASSES)}")
     if kind is None:
         raise UsageError(f"{folder}: {architecture} (model type {model_type!r}) is not a class "
                          f"xnnfold hf exports: {_KINDS}")
     if kind == WHISPER:
         positions = _positions(config, "max_target_positions")
-    elif kind == CLIP:
+    elif kind in (CLIP, IMAGE_TEXT):
         positions = _positions(config.get("text_config") or {}, "max_position_embeddings")
     else:
         positions = _positions(config, "max_position_embeddings", "n_positions")
         if positions is not None and model_type in _POSITIONS_AFTER_PADDING:
             positions -= int(config.get("pad_token_id") or 0) + 1
+        if positions is None and kind == SEQ2SEQ and cache:    # T5's, relative: the .pte's
+            positions = relative_positions(config)
     if tokens < 1:
         raise OptionError(f"`tokens` {tokens}: give at least 1 token")
     if kind not in (IMAGE_LOGITS, VISION_BASE) and positions is not None and tokens > positions:
@@ -175,6 +187,12 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
             not CHECK_STEPS + 1 <= max_cache <= (positions or max_cache):
         raise OptionError(f"`max_cache` {max_cache}: {CHECK_STEPS + 1} (the check's steps) "
                           f"to the decoder's {positions} positions")
+    if kind == IMAGE_TEXT and (not cache or llm_kernels):
+        raise OptionError(f"`{'cache=False' if not cache else 'llm_kernels=True'}`: "
+                          f"{architecture}'s .pte for executorch's MultimodalRunner has a KV "
+                          "cache on XNNPACK (`max_cache`, `max_prefill` are its options)")
+    if kind == IMAGE_TEXT:
+        _check_cache(positions, tokens, max_cache, max_prefill)
     _refuse_unused(cache_options, kind, cache, architecture)
     return Plan(folder, kind, architecture, model_type, config, positions)
 
@@ -184,7 +202,7 @@ def _refuse_unused(options: list, kind: str, cache: bool, architecture: str) -> 
     rather than an export without them."""
     if kind in (WHISPER, SEQ2SEQ) and cache:
         options = [o for o in options if o != "`max_cache`"]   # its decoder's own cache
-    if not options or (kind == CAUSAL_LM and cache):
+    if not options or (kind in (CAUSAL_LM, IMAGE_TEXT) and cache):
         return
     if not cache and kind in (CAUSAL_LM, WHISPER, SEQ2SEQ):
         why = "options of a KV cache; `cache=False` exports without one"

@@ -1,0 +1,74 @@
+"""``xnnfold generate OUT.pte --image PIXELS.pt``: greedy generation with an image-text-to-text
+.pte (:mod:`xnnfold.export.multimodal`), the image and the prompt as executorch's
+``MultimodalRunner`` takes them. The image is the processor's ``pixel_values`` saved with
+``torch.save`` (a tensor, or the processor's output holding one); ``<image>`` in ``--prompt``
+marks where it goes (in ``--tokens``, the run of the image token). A wrong image or prompt is
+one line, exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..usage import UsageError
+
+# where the image goes in --prompt, as the LLaVA processor marks it
+IMAGE_MARK = "<image>"
+
+
+def load_pixels(path: str):
+    """The pixel values saved at ``path``: a tensor, or a mapping holding ``pixel_values``."""
+    import torch
+
+    if not Path(path).is_file():
+        raise UsageError(f"--image {path}: no such file")
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - whatever torch.load raises, one line
+        raise UsageError(f"--image {path}: not a tensor saved with torch.save "
+                         f"({type(error).__name__}); save the processor's pixel_values")
+    if not isinstance(value, torch.Tensor) and hasattr(value, "get"):
+        value = value.get("pixel_values")
+    if not isinstance(value, torch.Tensor):
+        raise UsageError(f"--image {path}: holds no tensor (pixel_values)")
+    return value
+
+
+def prompt_tokens(args, generator) -> list:
+    """``--tokens`` as given, or ``--prompt`` encoded piece by piece around each
+    :data:`IMAGE_MARK`, which becomes the .pte's run of image tokens."""
+    from .generate import _tokenizer
+
+    if args.prompt_ids is not None:
+        return args.prompt_ids
+    tokenizer = _tokenizer(args)
+    tokens = []
+    for index, text in enumerate(args.prompt.split(IMAGE_MARK)):
+        if index:
+            tokens += [generator.image_token] * generator.image_tokens
+        if text:
+            tokens += tokenizer.encode(text, args.num_bos if not tokens else 0)
+    return tokens
+
+
+def generate_with_image(args) -> int:
+    from ..export.multimodal.runtime import BadInput, MultimodalGenerator
+    from .generate import _tokenizer
+
+    for name, default, option in (("temperature", 0.0, "--temperature"),
+                                  ("top_p", 1.0, "--top-p"), ("seed", 0, "--seed")):
+        if getattr(args, name) != default:
+            raise UsageError(f"{option}: an image-text-to-text .pte generates greedily here")
+    pixels = load_pixels(args.image)
+    try:
+        generator = MultimodalGenerator(args.pte)
+        tokens = prompt_tokens(args, generator)
+        if args.warmup:       # the first calls set up XNNPACK's operators
+            generator.generate(tokens, [pixels], 1)
+        run = generator.generate(tokens, [pixels], args.max_new,
+                                 stop_at_eos=not args.ignore_eos)
+    except BadInput as error:
+        raise UsageError(f"{args.pte}: {error}")
+    if args.prompt is not None:
+        print(_tokenizer(args).decode(run.tokens))
+    print(run.summary())
+    return 0

@@ -1,0 +1,138 @@
+"""A transformers image-text-to-text model to the three methods executorch's
+``MultimodalRunner`` calls (its constants.h and multimodal_prefiller.cpp, executorch 1.5.1):
+
+- ``vision_encoder(pixel_values (1, C, H, W) float) -> (1, N, hidden)``: the image's N
+  embeddings in the text model's space, as transformers computes them before it places them at
+  the image tokens (LLaVA: the vision tower, the hidden states of ``vision_feature_layer``
+  without the class token under ``vision_feature_select_strategy="default"``, the projector);
+  one image size, the config's;
+- ``token_embedding(tokens (1, T) int64) -> (1, T, hidden)``: the text model's lookup;
+- ``text_decoder(embeddings (1, T, hidden), cache_position (T,)) -> logits (1, 1, V)``: the
+  text model after its lookup, over transformers' static KV cache, the head on the last
+  position: the program of :func:`xnnfold.export.llm.export_causal_lm` with embeddings in
+  place of token ids (:func:`~xnnfold.export.static_cache.with_static_cache` takes either),
+  ``1 <= T <= max_prefill``.
+
+The runner prefills each input in one ``text_decoder`` call, the image's N embeddings at once
+(it does not split a long input into chunks): ``max_prefill`` is at least N, and a text piece
+of the prompt longer than ``max_prefill`` fails in the runner. The constant methods are the
+text .pte's (:func:`~xnnfold.export.llm.sizes.runner_metadata`). transformers is imported by
+the functions that need it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..llm.export import GenerationPrograms, _named_failures, lower_generation
+from ..llm.sizes import DEFAULT_MAX_PREFILL, runner_metadata, sizes
+from ..static_cache import with_static_cache
+
+VISION_ENCODER, TOKEN_EMBEDDING, TEXT_DECODER = "vision_encoder", "token_embedding", \
+    "text_decoder"
+# The classes exported, and what each one's vision part is read from.
+SUPPORTED = ("LlavaForConditionalGeneration",)
+
+
+class ImageEmbeddings(nn.Module):
+    """LLaVA's image features as its ``forward`` places them: ``get_image_features`` with the
+    config's feature layer and selection strategy, one image, (1, N, hidden)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model.model
+        self.layer = model.config.vision_feature_layer
+        self.strategy = model.config.vision_feature_select_strategy
+
+    def forward(self, pixel_values):
+        features = self.model.get_image_features(
+            pixel_values, vision_feature_layer=self.layer,
+            vision_feature_select_strategy=self.strategy).pooler_output
+        return features[0].unsqueeze(0)
+
+
+def check_supported(model: nn.Module) -> None:
+    """``ValueError`` (one line) for a class this module does not export."""
+    name = type(model).__name__
+    if name not in SUPPORTED:
+        raise ValueError(f"{name}: no image-text-to-text export for it yet; supported: "
+                         f"{', '.join(SUPPORTED)}")
+
+
+def text_causal_lm(model: nn.Module) -> nn.Module:
+    """The text model of ``model`` as the causal LM of its text config (``...ForCausalLM``),
+    built on the meta device and given ``model``'s language model and head: the weights are
+    shared, not copied; ``model`` is not changed."""
+    from transformers import AutoModelForCausalLM
+
+    config = model.config.get_text_config()
+    with torch.device("meta"):
+        causal = AutoModelForCausalLM.from_config(config)
+    causal.model = model.model.language_model
+    causal.lm_head = model.lm_head
+    left = [name for name, p in causal.named_parameters() if p.is_meta]
+    if left:
+        raise ValueError(f"{type(model).__name__}: {type(causal).__name__}'s {left[0]} is not "
+                         "in the model's language model or head")
+    causal.generation_config = copy.deepcopy(model.generation_config)
+    return causal.eval()
+
+
+def image_size(model: nn.Module) -> tuple:
+    """(channels, height, width) of the one image the vision encoder takes."""
+    vision = model.config.vision_config
+    size = vision.image_size
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    return int(getattr(vision, "num_channels", 3)), int(height), int(width)
+
+
+def export_image_text_to_text(model: nn.Module, max_cache: Optional[int] = None,
+                              max_prefill: Optional[int] = None) -> GenerationPrograms:
+    """The three methods of ``model`` (in eval mode; a class of :data:`SUPPORTED`) and the
+    runner's constant methods (``image_token_id`` among them; ``get_image_tokens``: N,
+    ``get_image_size``: (C, H, W)). ``max_prefill`` (default: 128 or the image's N, the
+    larger) below N raises ``ValueError`` (one line); a model torch.export cannot take,
+    :class:`~xnnfold.export.llm.export.CannotExport`."""
+    check_supported(model)
+    causal = text_causal_lm(model)
+    vision = ImageEmbeddings(model).eval()
+    pixels = torch.randn(1, *image_size(model))
+    with torch.no_grad():
+        tokens_of_image = int(vision(pixels).shape[1])
+    capped: list = []
+    wanted = max(DEFAULT_MAX_PREFILL, tokens_of_image) if max_prefill is None else max_prefill
+    max_cache, max_prefill = sizes(causal, max_cache, wanted, capped)
+    if max_prefill < tokens_of_image:
+        raise ValueError(f"max_prefill {max_prefill}: the runner prefills an image's "
+                         f"{tokens_of_image} embeddings in one call")
+    hidden = int(causal.config.hidden_size)
+    length = torch.export.Dim("tokens", min=1, max=max_prefill)
+    example = min(4, max_prefill)
+    with torch.no_grad(), _named_failures(model):
+        encoder = torch.export.export(vision, (pixels,), strict=True)
+        embedding = torch.export.export(causal.get_input_embeddings(), (
+            torch.zeros(1, example, dtype=torch.long),), dynamic_shapes=({1: length},),
+            strict=True)
+        stepper = with_static_cache(causal, max_cache, last_logits=True)
+        decoder = torch.export.export(
+            stepper, (), {"inputs_embeds": torch.randn(1, example, hidden),
+                          "cache_position": torch.arange(example)},
+            dynamic_shapes={"inputs_embeds": {1: length}, "cache_position": {0: length}},
+            strict=True)
+    metadata = runner_metadata(causal, max_cache, max_prefill)
+    metadata.update(get_image_token_id=int(model.config.image_token_id),
+                    get_image_tokens=tokens_of_image, get_image_size=list(image_size(model)))
+    return GenerationPrograms({VISION_ENCODER: encoder, TOKEN_EMBEDDING: embedding,
+                               TEXT_DECODER: decoder}, metadata, max_cache, max_prefill, capped)
+
+
+def image_text_to_pte(model: nn.Module, max_cache: Optional[int] = None,
+                      max_prefill: Optional[int] = None, **partitioner_kwargs) -> bytes:
+    """The .pte of :func:`export_image_text_to_text` through xnnfold
+    (``partitioner_kwargs``: those of :class:`~xnnfold.XnnpackPartitioner`)."""
+    generation = export_image_text_to_text(model, max_cache, max_prefill)
+    return lower_generation(generation, partitioner_kwargs=partitioner_kwargs).pte

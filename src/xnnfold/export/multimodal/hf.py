@@ -1,0 +1,169 @@
+"""``xnnfold hf`` on an image-text-to-text folder (:data:`.export.SUPPORTED`): the .pte
+executorch's ``MultimodalRunner`` runs, written, checked against eager and, with ``--compare``,
+beside stock's lowering of the same programs, timed; the folder's tokenizer copied beside it
+and the runner's command lines printed.
+
+The check: one seeded random image, a prompt of ``--tokens`` random text tokens with the
+image's run of image tokens after the first, then
+:data:`~xnnfold.export.hf.plan.CHECK_STEPS` greedy steps (:class:`.runtime.MultimodalGenerator`,
+the runner's calls); the image's embeddings against eager's (``vision_encoder``), the
+prompt's last logits (``prefill``) and each step's (``decode``) against eager transformers'
+logits of the whole sequence at once, with the image (no cache), each row at its own scale.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..hf import plan as hf_plan, rows as hf_rows
+from ...pte.files import write_atomically
+from .export import TEXT_DECODER, VISION_ENCODER, ImageEmbeddings, export_image_text_to_text
+
+PHASES = (VISION_ENCODER, "prefill", "decode")
+
+
+class _Lowering:
+    """What a table row reads of one lowered .pte (every method's counts summed)."""
+
+    def __init__(self, pte: bytes, seconds: float, inspected: dict):
+        from ...analysis.gemms import EDGE_GEMM_NAMES
+
+        self.pte, self.pte_bytes, self.lower_seconds = pte, len(pte), seconds
+        self.by_method = {method: ([op for op in ops if op in EDGE_GEMM_NAMES], calls)
+                          for method, (ops, calls) in inspected.items()}
+
+
+def _lower(generation, variant: str, prefer: str) -> _Lowering:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackPartitioner as StockXnnpackPartitioner,
+    )
+
+    from ..llm import lower_generation
+    from ...pte import STOCK, inspect_lowered
+
+    def inspect(edge) -> dict:
+        return {m: inspect_lowered(edge.exported_program(m))[:2] for m in generation.programs}
+
+    start = time.perf_counter()
+    if variant == STOCK:
+        lowered = lower_generation(generation, StockXnnpackPartitioner, before_emit=inspect)
+    else:
+        lowered = lower_generation(generation, partitioner_kwargs={"prefer": prefer},
+                                   before_emit=inspect)
+    return _Lowering(lowered.pte, time.perf_counter() - start, lowered.inspected)
+
+
+def check_prompt(generation, tokens: int, seed: int = 0) -> tuple:
+    """(token ids with the image's run after the first, the image): seeded, random."""
+    generator = torch.Generator().manual_seed(seed)
+    meta = generation.metadata
+    text = torch.randint(0, meta["get_vocab_size"] - 1, (tokens,), generator=generator)
+    text[text >= meta["get_image_token_id"]] += 1          # never the image token itself
+    ids = text.tolist()
+    ids = ids[:1] + [meta["get_image_token_id"]] * meta["get_image_tokens"] + ids[1:]
+    return ids, torch.randn(1, *meta["get_image_size"], generator=generator)
+
+
+def check(model, generator, ids: list, image: torch.Tensor) -> tuple:
+    """(vision encoder's, prefill's, decode's verdicts) of ``generator`` against eager."""
+    from ...pte.compare import compare_outputs
+
+    run = generator.generate(ids, [image], hf_plan.CHECK_STEPS + 1, stop_at_eos=False,
+                             keep_logits=True)
+    with torch.no_grad():
+        embeddings = ImageEmbeddings(model)(image)
+        eager = model(input_ids=torch.tensor([ids + run.tokens[:-1]]), pixel_values=image,
+                      use_cache=False).logits[0, len(ids) - 1:]
+    got = torch.cat(run.logits)
+    return (compare_outputs(generator.encode_image(image)[0], embeddings[0], per_row=True),
+            compare_outputs(got[:1], eager[:1], per_row=True),
+            compare_outputs(got[1:], eager[1:], per_row=True))
+
+
+def _time(generators: dict, ids: list, image, steps: int, rounds: int) -> dict:
+    """{variant: (vision encoder ms, prefill ms, decode ms per step)}, medians, interleaved."""
+    from ...pte.timing import medians_interleaved
+
+    def measure(generator) -> tuple:
+        start = time.perf_counter()
+        generator.encode_image(image)
+        encoder = time.perf_counter() - start
+        run = generator.generate(ids, [image], steps + 1, stop_at_eos=False)
+        return encoder * 1e3, run.prefill_seconds * 1e3, run.decode_seconds * 1e3 / steps
+
+    return medians_interleaved(generators, measure, rounds, warmup=2)
+
+
+def export_multimodal_generation(model, output: Path, compare: bool, tokens: int, reps: int,
+                                 prefer: str, check_it: bool, max_cache: Optional[int],
+                                 max_prefill: Optional[int], folder: Optional[str] = None
+                                 ) -> "hf_rows.Exported":
+    """The .pte of ``model`` written to ``output``, checked; with ``compare``, stock's beside
+    it, timed interleaved. ``folder``'s tokenizer files are copied beside ``output``."""
+    from ...pte import STOCK, XNNFOLD
+    from .runtime import MultimodalGenerator
+
+    name = type(model).__name__
+    with hf_rows.failing_as_usage(f"{name}: the export of its vision encoder, token embedding "
+                                  "and text decoder"):
+        generation = export_image_text_to_text(model, max_cache, max_prefill)
+    variants = [STOCK, XNNFOLD] if compare else [XNNFOLD]
+    with hf_rows.failing_as_usage(f"lowering {name}'s methods"):
+        lowered = {variant: _lower(generation, variant, prefer) for variant in variants}
+    write_atomically(output, lowered[XNNFOLD].pte)
+    generators = {v: MultimodalGenerator(low.pte) for v, low in lowered.items()}
+    ids, image = check_prompt(generation, tokens)
+    verdicts = {v: check(model, g, ids, image) if check_it else (None,) * 3
+                for v, g in generators.items()}
+    timed = _time(generators, ids, image, hf_plan.CHECK_STEPS, reps) if compare else {}
+    exported = hf_rows.Exported([], [], [])
+    for variant, low in lowered.items():
+        for index, phase in enumerate(PHASES):
+            verdict = verdicts[variant][index]
+            if verdict is not None and not verdict.ok and variant == XNNFOLD:
+                exported.wrong.append(f"{output} ({phase}): {verdict}")
+            gemms, calls = low.by_method[VISION_ENCODER if index == 0 else TEXT_DECODER]
+            exported.rows.append(hf_rows.row(
+                phase, variant, low, verdict, timed[variant][index] if timed else None,
+                str(output) if variant == XNNFOLD else "", len(gemms), calls))
+    exported.notes.append(
+        f"{output}: methods vision_encoder (one image of "
+        f"{' x '.join(str(s) for s in generation.metadata['get_image_size'])}: "
+        f"{generation.metadata['get_image_tokens']} embeddings), token_embedding, "
+        f"text_decoder (1 to {generation.max_prefill} embeddings a call) over a static KV "
+        f"cache of {generation.max_cache} rows; the rows above: the vision encoder, the "
+        f"text decoder's prefill of {len(ids)} positions with the image and its decode")
+    exported.notes.extend(hf_plan.as_options(line) for line in generation.capped)
+    exported.notes += runner_notes(output, folder, generation.metadata)
+    for variant, (encoder_ms, prefill_ms, decode_ms) in timed.items():
+        exported.notes.append(
+            f"{variant}: vision encoder {encoder_ms:.3f} ms; prefill of {len(ids)} positions "
+            f"(the image's included) {prefill_ms:.3f} ms; decode {decode_ms:.3f} ms per token;"
+            f" medians of {reps} interleaved rounds")
+    return exported
+
+
+def runner_notes(output: Path, folder: Optional[str], metadata: dict) -> list:
+    """The folder's tokenizer copied beside ``output``, and how to run the .pte with it."""
+    from ..llm.text import copy_tokenizer
+
+    tokenizer = None if folder is None else copy_tokenizer(folder, output.parent)
+    image_token = metadata["get_image_token_id"]
+    if tokenizer is None:
+        return [f"no tokenizer in {folder} (tokenizer.json, tokenizer.model): executorch's "
+                "runner needs one"]
+    return [f"its tokenizer: {tokenizer} (copied from {folder})",
+            f"run it: xnnfold generate {output} --image IMAGE.pt --prompt 'USER: <image>\\n"
+            "What is in it? ASSISTANT:' --max-new 32 (IMAGE.pt: the processor's pixel_values, "
+            "saved with torch.save)",
+            "executorch's runner (Python): from PIL import Image; from transformers import "
+            "AutoProcessor; from executorch.extension.llm.runner import GenerationConfig, "
+            f"MultimodalRunner; inputs = AutoProcessor.from_pretrained({str(folder)!r})("
+            "images=Image.open('image.png'), text='USER: <image>\\nWhat is in it? ASSISTANT:',"
+            f" return_tensors='pt'); MultimodalRunner({str(output)!r}, {str(tokenizer)!r})."
+            "generate_hf(inputs, GenerationConfig(max_new_tokens=32, temperature=0), "
+            f"image_token_id={image_token})"]
