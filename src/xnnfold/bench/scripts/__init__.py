@@ -30,6 +30,7 @@ SCRIPTS = {
     "hf-text-length": "hf_text_length",
     "llm-runner": "llm_runner",
     "llm-folder": "llm_folder",
+    "transformers-sweep": "transformers_sweep",
 }
 
 
