@@ -170,9 +170,11 @@ def _folder(tmp_path, architecture, model_type, **config):
 
 
 def test_a_vision_language_class_without_an_export_is_named(tmp_path):
+    """One line, from config.json, naming the class, why (Gemma3) and what is supported."""
     folder = _folder(tmp_path, "Gemma3ForConditionalGeneration", "gemma3",
                      vision_config={}, text_config={})
     with pytest.raises(UsageError, match="Gemma3ForConditionalGeneration \\(model type "
-                       "'gemma3'\\) has no image-text-to-text export yet; supported: "
+                       "'gemma3'\\) has no image-text-to-text export yet \\(its image "
+                       "tokens attend to each other both ways.*\\); supported: "
                        "LlavaForConditionalGeneration"):
         hf_plan.plan(folder)

@@ -21,6 +21,10 @@ CAUSAL_LM, WHISPER, SEQ2SEQ, TEXT_LOGITS, IMAGE_LOGITS, CLIP, TEXT_BASE, VISION_
 # an image-text-to-text model, for executorch's MultimodalRunner (xnnfold.export.multimodal)
 IMAGE_TEXT = "image-text-to-text"
 IMAGE_TEXT_CLASSES = ("LlavaForConditionalGeneration",)
+# why a vision-language family has none (docs/multimodal.md), by model type
+_NO_IMAGE_TEXT = {"gemma3": "its image tokens attend to each other both ways in transformers' "
+                  "prefill, and executorch's MultimodalRunner calls text_decoder(embeddings, "
+                  "positions) with nothing saying which rows are an image's"}
 # Decode steps the check of a generation .pte takes after its prefill.
 CHECK_STEPS = 4
 _TEXT_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForMaskedLM")
@@ -151,8 +155,9 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
     architecture = architectures[0]
     kind = _kind(architecture, config)
     if kind is None and "vision_config" in config and "text_config" in config:
+        why = f" ({_NO_IMAGE_TEXT[model_type]})" if model_type in _NO_IMAGE_TEXT else ""
         raise UsageError(f"{folder}: {architecture} (model type {model_type!r}) has no "
-                         "image-text-to-text export yet; supported: "
+                         f"image-text-to-text export yet{why}; supported: "
                          f"{', '.join(IMAGE_TEXT_CLASSES)}")
     if kind is None:
         raise UsageError(f"{folder}: {architecture} (model type {model_type!r}) is not a class "
