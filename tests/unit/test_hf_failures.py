@@ -20,7 +20,7 @@ def fakes(monkeypatch, stock=(OK, WRONG), judged=None):
     lowered, judged = [], [] if judged is None else judged
     monkeypatch.setattr(generation, "_lower", lambda gen, variant, prefer: lowered.append(
         variant) or (b"pte", {}))
-    monkeypatch.setattr(generation, "_check", lambda model, generator, prompt, quantized=False:
+    monkeypatch.setattr(generation, "_check", lambda reference, generator, quantized=False:
                         judged.append(quantized) or stock)
     monkeypatch.setattr("xnnfold.export.llm.Generator", lambda pte: object())
     return lowered
@@ -28,27 +28,27 @@ def fakes(monkeypatch, stock=(OK, WRONG), judged=None):
 
 def test_a_failing_check_lowers_and_checks_stock(monkeypatch):
     lowered = fakes(monkeypatch)
-    said = generation._stock_verdicts(None, None, [1], {XNNFOLD: (OK, WRONG)}, XNNFOLD, "speed")
+    said = generation._stock_verdicts(lambda: None, None, {XNNFOLD: (OK, WRONG)}, XNNFOLD, "speed")
     assert said == (OK, WRONG) and lowered == [STOCK]
 
 
 def test_stock_of_a_quantized_pte_is_judged_as_quantized(monkeypatch):
     judged = []
     fakes(monkeypatch, judged=judged)
-    generation._stock_verdicts(None, None, [1], {XNNFOLD: (OK, WRONG)}, XNNFOLD, "speed", True)
+    generation._stock_verdicts(lambda: None, None, {XNNFOLD: (OK, WRONG)}, XNNFOLD, "speed", True)
     assert judged == [True]
 
 
 def test_a_passing_check_lowers_nothing_more(monkeypatch):
     lowered = fakes(monkeypatch)
-    said = generation._stock_verdicts(None, None, [1], {XNNFOLD: (OK, OK)}, XNNFOLD, "speed")
+    said = generation._stock_verdicts(lambda: None, None, {XNNFOLD: (OK, OK)}, XNNFOLD, "speed")
     assert said == (None, None) and lowered == []
 
 
 def test_stock_already_checked_is_reused(monkeypatch):
     lowered = fakes(monkeypatch)
     verdicts = {XNNFOLD: (WRONG, OK), STOCK: (WRONG, OK)}
-    assert generation._stock_verdicts(None, None, [1], verdicts, XNNFOLD, "speed") == \
+    assert generation._stock_verdicts(lambda: None, None, verdicts, XNNFOLD, "speed") == \
         (WRONG, OK) and lowered == []
 
 

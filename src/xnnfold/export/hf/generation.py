@@ -4,16 +4,19 @@
 same program; the folder's tokenizer copied beside it and the runner's command lines printed.
 
 The check: a prompt of ``--tokens`` tokens (the prefill phase), then
-:data:`~xnnfold.export.hf.plan.CHECK_STEPS` greedy one-token calls (the decode phase) on the
-runtime; each call's logits against eager transformers' logits of the whole sequence at once
-(no cache; a quantized .pte against the quantized eager model, within
+:data:`~xnnfold.export.hf.plan.CHECK_STEPS` one-token calls (the decode phase) on the runtime,
+fed eager's greedy tokens; each call's logits against eager transformers' logits of the whole
+sequence at once (no cache; a quantized .pte against the quantized eager model, within
 :func:`~xnnfold.pte.compare.quantized_tolerance`), so the cache's update and its mask are
-checked. The timing: interleaved rounds, each a prefill of the prompt and the same decode
-steps, medians.
+checked. Eager's side is computed before the lowering, and the written .pte is checked from its
+file once the exported program and the .pte's bytes are dropped: the check adds the runtime's
+load alone to the export's memory. The timing: interleaved rounds, each a prefill of the
+prompt and the same decode steps, medians.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ import torch
 
 from ..adaptations import adaptations
 from . import plan as hf_plan, rows as hf_rows
+from .generation_check import EagerReference, check as _check, eager_reference
 from ...pte.files import write_atomically
 from ...pte.timing import medians_interleaved
 
@@ -68,33 +72,6 @@ def _lower(generation, variant: str, prefer: str) -> tuple:
                                        [op for op in ops if op in EDGE_GEMM_NAMES], calls, ops)
 
 
-def _check(model, generator, prompt: list, quantized: bool = False) -> tuple:
-    """(prefill's verdict, decode's verdict): the runtime's logits of a greedy run against
-    eager's over the whole sequence, each judged against its row's scale (``per_row``), or
-    within the quantized tolerance for a quantized .pte."""
-    run = generator.generate(prompt, hf_plan.CHECK_STEPS + 1, stop_at_eos=False, keep_logits=True)
-    sequence = prompt + run.tokens[:-1]
-    with torch.no_grad():
-        eager = model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0]
-    expected = eager[len(prompt) - 1:]                      # the rows that predict each token
-    got = torch.cat(run.logits)
-    judge = _quantized_judge if quantized else _per_row_judge
-    return judge(got[:1], expected[:1]), judge(got[1:], expected[1:])
-
-
-def _per_row_judge(actual, expected):
-    from ...pte.compare import compare_outputs
-
-    return compare_outputs(actual, expected, per_row=True)
-
-
-def _quantized_judge(actual, expected):
-    """A quantized .pte against its quantized eager model (:func:`quantized_tolerance`)."""
-    from ...pte.compare import compare_outputs, quantized_tolerance
-
-    return compare_outputs(actual, expected, **quantized_tolerance(expected))
-
-
 def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0) -> dict:
     """{variant: (prefill ms medians, decode ms per step medians)}, interleaved rounds (two
     warm-up)."""
@@ -124,11 +101,12 @@ def _experts_left_fp32(model) -> str:
             "stay fp32)")
 
 
-def _stock_verdicts(model, generation, prompt: list, verdicts: dict, written: str,
+def _stock_verdicts(export, reference: EagerReference, verdicts: dict, written: str,
                     prefer: str, quantized: bool = False) -> tuple:
     """Stock's verdicts on the same check, for a failing check to show beside xnnfold's: the
-    ones already computed (``--compare``), else stock lowered and checked now (only when the
-    written .pte failed: is eager's deviation xnnfold's or executorch's?)."""
+    ones already computed (``--compare``), else stock lowered (the program exported again by
+    ``export()``) and checked now (only when the written .pte failed: is eager's deviation
+    xnnfold's or executorch's?)."""
     from ..llm import Generator
     from ...pte import STOCK
 
@@ -138,10 +116,10 @@ def _stock_verdicts(model, generation, prompt: list, verdicts: dict, written: st
     if STOCK in verdicts:
         return verdicts[STOCK]
     try:
-        pte, _ = _lower(generation, STOCK, prefer)
+        pte, _ = _lower(export(), STOCK, prefer)
     except Exception as error:  # noqa: BLE001 - said beside the failure, not raised
         return (f"not lowered ({type(error).__name__})",) * 2
-    return _check(model, Generator(pte), prompt, quantized)
+    return _check(reference, Generator(pte), quantized)
 
 
 def export_generation(model, output: Path, compare: bool, tokens: int, reps: int, prefer: str,
@@ -155,30 +133,44 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     files are copied beside ``output``."""
     from ..llm import Generator, export_causal_lm
     from ..llm.export import quantized_copy
+    from ..llm.quantize import is_quantized
     from ...pte import STOCK, XNNFOLD
 
     name = type(model).__name__
-    if quantize is not None:
+    if quantize is not None and not is_quantized(model):
         with hf_rows.failing_as_usage(f"{name}: `quantize` {quantize}"):
             model = quantized_copy(model, quantize)     # also the eager reference of the check
-    with hf_rows.failing_as_usage(f"{name}: the export with transformers' static cache "
-                                  "(`cache=False` exports its logits without a cache)"):
-        generation = export_causal_lm(model, max_cache, max_prefill)
+
+    def export():
+        with hf_rows.failing_as_usage(f"{name}: the export with transformers' static cache "
+                                      "(`cache=False` exports its logits without a cache)"):
+            return export_causal_lm(model, max_cache, max_prefill)
+
+    generation = export()
     written = XNNFOLD_LLM if llm_kernels else XNNFOLD
     variants = [STOCK, XNNFOLD] if compare else []
     if written not in variants:
         variants.append(written)
+    torch.manual_seed(0)
+    vocab = generation.metadata["get_vocab_size"]
+    prompt = torch.randint(0, vocab, (tokens,)).tolist()
+    reference = eager_reference(model, prompt) if check else None
     with hf_rows.failing_as_usage(f"lowering {name}'s forward"):
         lowered = {variant: _lower(generation, variant, prefer) for variant in variants}
     write_atomically(output, lowered[written][0])    # whole, or the name left as it was
+    sized = (generation.max_prefill, generation.max_cache, generation.capped)
+    # what the check needs is the file and eager's reference: the program and the written
+    # .pte's bytes dropped before the runtime loads it (their memory would add to the load's)
+    del generation
+    lowered[written] = (output, lowered[written][1])
+    gc.collect()
     generators = {variant: Generator(pte) for variant, (pte, _) in lowered.items()}
-    torch.manual_seed(0)
-    prompt = torch.randint(0, generation.metadata["get_vocab_size"], (tokens,)).tolist()
-    verdicts = {variant: _check(model, g, prompt, quantize is not None) if check
+    verdicts = {variant: _check(reference, g, quantize is not None) if check
                 else (None, None) for variant, g in generators.items()}
     timed = _time(generators, prompt, hf_plan.CHECK_STEPS, reps) if compare else {}
-    stock = _stock_verdicts(model, generation, prompt, verdicts, written, prefer,
-                            quantize is not None)
+    del generators
+    stock = _stock_verdicts(export, reference, verdicts, written, prefer, quantize is not None)
+    max_prefill, max_cache, capped = sized
     exported = hf_rows.Exported([], [], [])
     for variant, (_, method) in lowered.items():
         for index, phase in enumerate(("prefill", "decode")):
@@ -193,12 +185,11 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     quantized = "" if quantize is None else f", linears quantized {quantize}" + \
         _experts_left_fp32(model)
     exported.notes.append(
-        f"{output}: one method, forward (1 to {generation.max_prefill} tokens a call: the "
+        f"{output}: one method, forward (1 to {max_prefill} tokens a call: the "
         f"prefill and decode rows above are its two phases), over a static KV cache of "
-        f"{generation.max_cache} rows{quantized}")
-    exported.notes.extend(hf_plan.as_options(line) for line in generation.capped)
-    exported.notes += runner_notes(output, folder, llm_kernels,
-                                   generation.metadata["get_vocab_size"])
+        f"{max_cache} rows{quantized}")
+    exported.notes.extend(hf_plan.as_options(line) for line in capped)
+    exported.notes += runner_notes(output, folder, llm_kernels, vocab)
     for variant, (prefill_ms, decode_ms) in timed.items():
         exported.notes.append(
             f"{variant}: prefill of {tokens} tokens {prefill_ms:.3f} ms "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -69,10 +70,12 @@ def choose_attention(cls, asked: str) -> tuple:
                      "transformers has no SDPA attention for this class)")
 
 
-def load(plan: "hf_plan.Plan", attention: str) -> tuple:
+def load(plan: "hf_plan.Plan", attention: str, quantize: Optional[str] = None) -> tuple:
     """(the class config.json names, with the folder's weights as float32, in eval mode; which
     attention it was loaded with and why, and in which dtype the folder has its weights when
-    that is not float32).
+    that is not float32). ``quantize``: its linears quantized by that scheme as the weights are
+    read (:mod:`.streaming`) where the folder allows it (else its note says why, and the
+    export quantizes a copy).
 
     float32 whatever the folder holds: transformers 5 loads a checkpoint in its own dtype
     (``dtype="auto"``), and models are published in bfloat16, whose GEMMs executorch 1.5.1's
@@ -90,6 +93,11 @@ def load(plan: "hf_plan.Plan", attention: str) -> tuple:
         raise OptionError(f"{plan.folder}: transformers {tf.__version__} has no SDPA "
                           f"attention for {plan.architecture}: use `attention=eager` (or "
                           "auto)")
+    if quantize is not None:
+        model, said = _load_quantized(tf, cls, plan, implementation, quantize)
+        if model is not None:
+            return model, note + said + _stored_dtype(plan)
+        note += said
     progress = tf.utils.logging.is_progress_bar_enabled()
     tf.utils.logging.disable_progress_bar()       # "Loading weights" on stderr, per tensor
     try:
@@ -101,11 +109,28 @@ def load(plan: "hf_plan.Plan", attention: str) -> tuple:
     finally:
         if progress:
             tf.utils.logging.enable_progress_bar()
+    return model.eval(), note + _stored_dtype(plan)
+
+
+def _stored_dtype(plan: "hf_plan.Plan") -> str:
     stored = plan.config.get("dtype") or plan.config.get("torch_dtype")
-    if stored not in (None, "float32", "auto"):
-        note += (f"; its {stored} weights loaded as float32 (XNNPACK 1.5.1 delegates no "
-                 f"{stored} GEMM)")
-    return model.eval(), note
+    if stored in (None, "float32", "auto"):
+        return ""
+    return f"; its {stored} weights loaded as float32 (XNNPACK 1.5.1 delegates no {stored} GEMM)"
+
+
+def _load_quantized(tf, cls, plan: "hf_plan.Plan", implementation: str, scheme: str) -> tuple:
+    """(the model read and quantized module by module, or None; what to say about it): when
+    the folder cannot be read so, why (the model is then loaded whole)."""
+    from .streaming import NotStreamable, load_quantized
+
+    try:
+        config = tf.AutoConfig.from_pretrained(plan.folder, local_files_only=True)
+        return (load_quantized(cls, plan.folder, config, implementation, scheme),
+                f"; its linears quantized {scheme} as their weights were read")
+    except NotStreamable as reason:
+        return None, (f"; its weights loaded whole, then quantized {scheme} (not as they "
+                      f"were read: {reason})")
 
 
 def _text(config, tokens: int) -> tuple:

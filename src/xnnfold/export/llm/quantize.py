@@ -39,13 +39,12 @@ def describe(scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> str:
     return f"8-bit dynamic activations, 8-bit weights per channel (torchao, {SCALES} scales)"
 
 
-def quantize_linears(model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE
-                     ) -> int:
-    """Quantize ``model``'s ``nn.Linear`` layers in place with ``scheme`` (:data:`SCHEMES`);
-    with ``8da4w``, those whose input size ``group_size`` divides (the others stay fp32, as
-    optimum leaves them). Returns how many linears were quantized; ``ValueError`` (one line)
-    for an unknown scheme or a model with no linear to quantize."""
-    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+def linear_quantization(scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> tuple:
+    """(torchao's config of ``scheme``, which modules it quantizes: a function of a module):
+    with ``8da4w``, the ``nn.Linear`` layers whose input size ``group_size`` divides (the
+    others stay fp32, as optimum leaves them), with ``int8`` every one. ``ValueError`` (one
+    line) for an unknown scheme or group size."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig
     from torchao.quantization.granularity import PerAxis, PerGroup
 
     if scheme not in SCHEMES:
@@ -56,16 +55,22 @@ def quantize_linears(model: nn.Module, scheme: str, group_size: int = DEFAULT_GR
         config = Int8DynamicActivationIntxWeightConfig(
             weight_dtype=torch.int4, weight_granularity=PerGroup(group_size),
             intx_choose_qparams_algorithm=SCALES)
+        return config, lambda module: (isinstance(module, nn.Linear) and
+                                       module.in_features % group_size == 0)
+    config = Int8DynamicActivationIntxWeightConfig(
+        weight_dtype=torch.int8, weight_granularity=PerAxis(0),
+        intx_choose_qparams_algorithm=SCALES)
+    return config, lambda module: isinstance(module, nn.Linear)
 
-        def takes(module: nn.Module) -> bool:
-            return isinstance(module, nn.Linear) and module.in_features % group_size == 0
-    else:
-        config = Int8DynamicActivationIntxWeightConfig(
-            weight_dtype=torch.int8, weight_granularity=PerAxis(0),
-            intx_choose_qparams_algorithm=SCALES)
 
-        def takes(module: nn.Module) -> bool:
-            return isinstance(module, nn.Linear)
+def quantize_linears(model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE
+                     ) -> int:
+    """Quantize ``model``'s linears in place with ``scheme`` (:data:`SCHEMES`, the linears
+    :func:`linear_quantization` takes). Returns how many linears were quantized; ``ValueError``
+    (one line) for an unknown scheme or a model with no linear to quantize."""
+    from torchao.quantization import quantize_
+
+    config, takes = linear_quantization(scheme, group_size)
     count = sum(1 for m in model.modules() if takes(m))
     if not count:
         raise ValueError(f"{type(model).__name__} has no nn.Linear that {scheme} quantizes"
@@ -73,6 +78,13 @@ def quantize_linears(model: nn.Module, scheme: str, group_size: int = DEFAULT_GR
                             if scheme == W4 else ""))
     quantize_(model, config, filter_fn=lambda module, _: takes(module))
     return count
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether some linear of ``model`` has a quantized weight (a tensor subclass of torchao's,
+    not a plain tensor)."""
+    return any(isinstance(m, nn.Linear) and type(m.weight.data) is not torch.Tensor
+               for m in model.modules())
 
 
 def quantized_copy(model: nn.Module, scheme: str) -> nn.Module:

@@ -25,6 +25,24 @@ from .export import DECODE, FORWARD, PREFILL
 from .sampling import GREEDY, Sampling
 
 
+# the namespace of executorch's LLM kernels, as a .pte that calls them names its operators
+LLM_KERNELS = b"llama::"
+
+
+def _file_holds(path: str, text: bytes, chunk: int = 1 << 22) -> bool:
+    """Whether the file at ``path`` holds ``text``, read a chunk at a time (a .pte of several GB
+    is never in memory whole)."""
+    with open(path, "rb") as file:
+        tail = b""
+        while True:
+            block = file.read(chunk)
+            if not block:
+                return False
+            if text in tail + block[:len(text) - 1] or text in block:
+                return True
+            tail = block[-(len(text) - 1):]
+
+
 class NotAGenerationProgram(ValueError):
     """The .pte is not a generation program xnnfold writes (one line naming what it has)."""
 
@@ -81,14 +99,20 @@ def set_threads(threads: int) -> None:
 
 
 class Generator:
-    """A generation-ready .pte (bytes or a path) loaded on the runtime."""
+    """A generation-ready .pte (bytes or a path) loaded on the runtime. A path is loaded by
+    the runtime from the file (mapped, not read into a buffer of this process): after an
+    export, the check of a written .pte then holds no second copy of it."""
 
     def __init__(self, pte: Union[bytes, str, Path]):
         import executorch.kernels.quantized  # noqa: F401 - a quantized .pte's out variants
 
-        data = pte if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes()
-        self._data = bytes(data)              # the loaded program reads from this buffer
-        load_llm_kernels(self._data)
+        if isinstance(pte, (bytes, bytearray)):
+            self._data = bytes(pte)           # the loaded program reads from this buffer
+            load_llm_kernels(self._data)
+        else:
+            self._data = str(pte)
+            if _file_holds(self._data, LLM_KERNELS):
+                load_llm_kernels(LLM_KERNELS)
         self._program = verified_program(self._data)
         methods = set(self._program.method_names)
         if FORWARD not in methods:
