@@ -147,6 +147,18 @@ def test_generate_with_an_image_is_eager_greedy(llava, tmp_path, capsys):
     assert f"generated {NEW}: " + ",".join(map(str, _eager_greedy(model, inputs))) in printed
 
 
+def test_generate_text_alone_is_eager_greedy(llava, capsys):
+    """No --image: the prompt's text alone, as the runner takes a prompt without an image."""
+    model, _, inputs, pte, _ = llava
+    ids = [t for t in inputs["input_ids"][0].tolist() if t != IMAGE_TOKEN]
+    assert cli.main(["generate", str(pte), "--tokens", ",".join(map(str, ids)), "--max-new",
+                     str(NEW), "--ignore-eos", "--no-warmup"]) == 0
+    with torch.no_grad():
+        eager = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=NEW,
+                               do_sample=False)[0, len(ids):].tolist()
+    assert f"generated {NEW}: " + ",".join(map(str, eager)) in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("shape, prompt, said", [
     ((1, 3, 24, 24), PROMPT, "an image of shape (1, 3, 24, 24): this .pte's vision encoder "
      "takes one image of 3 x 32 x 32"),
@@ -178,3 +190,16 @@ def test_a_vision_language_class_without_an_export_is_named(tmp_path):
                        "tokens attend to each other both ways.*\\); supported: "
                        "LlavaForConditionalGeneration"):
         hf_plan.plan(folder)
+
+
+def test_a_prefill_shorter_than_the_image_is_refused():
+    """The runner prefills an image's embeddings in one call: max_prefill below them is one
+    line, before torch.export."""
+    import transformers
+
+    from xnnfold.export.multimodal.export import export_image_text_to_text
+
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match="max_prefill 8: the runner prefills an image's 16 "
+                       "embeddings in one call"):
+        export_image_text_to_text(_tiny_llava(transformers), max_cache=64, max_prefill=8)

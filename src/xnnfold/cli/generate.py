@@ -97,6 +97,9 @@ def _cmd_generate(args) -> int:
         try:
             generator = Generator(args.pte)
         except NotAGenerationProgram:
+            if _has_methods(args.pte, "vision_encoder", "text_decoder"):   # a prompt without
+                from .generate_image import generate_with_image         # an image
+                return generate_with_image(args)
             if not _has_methods(args.pte, "encoder", "text_decoder"):
                 raise
             return _generate_seq2seq(args)

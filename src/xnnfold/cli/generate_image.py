@@ -2,8 +2,8 @@
 .pte (:mod:`xnnfold.export.multimodal`), the image and the prompt as executorch's
 ``MultimodalRunner`` takes them. The image is the processor's ``pixel_values`` saved with
 ``torch.save`` (a tensor, or the processor's output holding one); ``<image>`` in ``--prompt``
-marks where it goes (in ``--tokens``, the run of the image token). A wrong image or prompt is
-one line, exit 2."""
+marks where it goes (in ``--tokens``, the run of the image token); without ``--image``, a
+prompt of text alone. A wrong image or prompt is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -58,13 +58,13 @@ def generate_with_image(args) -> int:
                                   ("top_p", 1.0, "--top-p"), ("seed", 0, "--seed")):
         if getattr(args, name) != default:
             raise UsageError(f"{option}: an image-text-to-text .pte generates greedily here")
-    pixels = load_pixels(args.image)
+    images = [] if args.image is None else [load_pixels(args.image)]
     try:
         generator = MultimodalGenerator(args.pte)
         tokens = prompt_tokens(args, generator)
         if args.warmup:       # the first calls set up XNNPACK's operators
-            generator.generate(tokens, [pixels], 1)
-        run = generator.generate(tokens, [pixels], args.max_new,
+            generator.generate(tokens, images, 1)
+        run = generator.generate(tokens, images, args.max_new,
                                  stop_at_eos=not args.ignore_eos)
     except BadInput as error:
         raise UsageError(f"{args.pte}: {error}")

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..llm.export import GenerationPrograms, _named_failures, lower_generation
-from ..llm.sizes import DEFAULT_MAX_PREFILL, runner_metadata, sizes
+from ..llm.sizes import runner_metadata, sizes
 from ..static_cache import with_static_cache
 
 VISION_ENCODER, TOKEN_EMBEDDING, TEXT_DECODER = "vision_encoder", "token_embedding", \
@@ -104,11 +104,14 @@ def export_image_text_to_text(model: nn.Module, max_cache: Optional[int] = None,
     with torch.no_grad():
         tokens_of_image = int(vision(pixels).shape[1])
     capped: list = []
-    wanted = max(DEFAULT_MAX_PREFILL, tokens_of_image) if max_prefill is None else max_prefill
-    max_cache, max_prefill = sizes(causal, max_cache, wanted, capped)
+    asked = max_prefill
+    max_cache, max_prefill = sizes(causal, max_cache, max_prefill, capped)
+    if asked is None:              # the default prefill grows to take the image
+        max_prefill = min(max(max_prefill, tokens_of_image), max_cache)
     if max_prefill < tokens_of_image:
-        raise ValueError(f"max_prefill {max_prefill}: the runner prefills an image's "
-                         f"{tokens_of_image} embeddings in one call")
+        raise ValueError(f"{'max_cache' if asked is None else 'max_prefill'} {max_prefill}: "
+                         f"the runner prefills an image's {tokens_of_image} embeddings in one "
+                         "call")
     hidden = int(causal.config.hidden_size)
     length = torch.export.Dim("tokens", min=1, max=max_prefill)
     example = min(4, max_prefill)

@@ -1,0 +1,87 @@
+"""``python -m xnnfold.bench.multimodal``: an image-text-to-text .pte (:mod:`xnnfold.export.
+multimodal`) at CLIP ViT-B/16 224 px vision dims (768 wide, 12 layers, 196 patches) with a
+LLaVA projector and a Llama text model of SmolLM2-135M's widths (``--layers`` of them), random
+weights: the .pte's bytes, each method's lowering, the vision encoder's time and the share of
+it on portable kernels (an ETDump), the prefill of a prompt with the image (one call for its
+196 embeddings) and the decode per token, medians, on the runtime. The runner's calls
+(:class:`~xnnfold.export.multimodal.runtime.MultimodalGenerator`); the text decoder's greedy
+tokens are checked against eager transformers'."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def _model(layers: int):
+    import transformers
+
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+        image_size=224, patch_size=16, projection_dim=512)
+    text = transformers.LlamaConfig(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+        num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+        max_position_embeddings=2048, bos_token_id=0, eos_token_id=1, tie_word_embeddings=True)
+    config = transformers.LlavaConfig(
+        vision_config=vision, text_config=text, image_token_id=49151, image_seq_length=196,
+        vision_feature_layer=-2, vision_feature_select_strategy="default")
+    return transformers.LlavaForConditionalGeneration(config).eval()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4, help="text decoder layers")
+    parser.add_argument("--max-cache", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=16, help="decode steps timed")
+    args = parser.parse_args(argv)
+    from ..export.llm.export import lower_generation
+    from ..export.multimodal.export import VISION_ENCODER, export_image_text_to_text
+    from ..export.multimodal.hf import check_prompt
+    from ..export.multimodal.runtime import MultimodalGenerator
+    from ..pte import inspect_lowered
+    from ..pte.devtools import DELEGATE, operator_times
+
+    torch.manual_seed(0)
+    model = _model(args.layers)
+    start = time.perf_counter()
+    generation = export_image_text_to_text(model, args.max_cache)
+    print(f"export: {time.perf_counter() - start:.1f} s")
+    start = time.perf_counter()
+    lowered = lower_generation(generation, before_emit=lambda edge: {
+        m: inspect_lowered(edge.exported_program(m))[:2] for m in generation.programs})
+    print(f"lowering: {time.perf_counter() - start:.1f} s; .pte {len(lowered.pte):,} bytes")
+    for method, (ops, calls) in lowered.inspected.items():
+        print(f"  {method}: {calls} delegate call(s); outside: {sorted(set(ops)) or 'nothing'}")
+    generator = MultimodalGenerator(lowered.pte)
+    ids, image = check_prompt(generation, 16)
+    times = operator_times(lowered.pte, (image,), runs=args.rounds, method=VISION_ENCODER)
+    total = sum(times.values())
+    print(f"vision encoder (ETDump, median of {args.rounds}): {total:.1f} ms, on portable "
+          f"{(total - times.get(DELEGATE, 0.0)) / total:.2%}")
+    encoder, prefill, decode, tokens = [], [], [], None
+    for _ in range(args.rounds + 1):
+        start = time.perf_counter()
+        generator.encode_image(image)
+        encoder.append((time.perf_counter() - start) * 1e3)
+        run = generator.generate(ids, [image], args.steps + 1, stop_at_eos=False)
+        prefill.append(run.prefill_seconds * 1e3)
+        decode.append(run.decode_seconds * 1e3 / args.steps)
+        tokens = run.tokens
+    with torch.no_grad():
+        eager = model.generate(input_ids=torch.tensor([ids]), pixel_values=image,
+                               max_new_tokens=args.steps + 1, do_sample=False)
+    print(f"vision encoder {statistics.median(encoder[1:]):.1f} ms; prefill of {len(ids)} "
+          f"positions with the image (encoder included) {statistics.median(prefill[1:]):.1f} "
+          f"ms; decode {statistics.median(decode[1:]):.2f} ms per token; medians of "
+          f"{args.rounds} after a warm-up")
+    print(f"greedy tokens equal eager's: {tokens == eager[0, len(ids):].tolist()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
