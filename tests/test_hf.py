@@ -126,7 +126,9 @@ def test_text_classifier_seq2seq_and_clip(tf, tmp_path, capsys):
     parts = {"bert": ["model"], "t5": ["encoder", "decoder"], "clip": ["text", "vision"]}
     for name, model in folders.items():
         folder = _saved(tmp_path / name, model)
-        assert cli.main(["hf", str(folder), "-o", str(tmp_path / f"{name}.pte")]) == 0, name
+        uncached = ["--no-cache"] if name == "t5" else []      # T5 generates: tests/test_t5.py
+        assert cli.main(["hf", str(folder), "-o", str(tmp_path / f"{name}.pte"),
+                         *uncached]) == 0, name
         printed = capsys.readouterr().out
         rows = _rows(printed)
         assert sorted(p for p, _ in rows) == sorted(parts[name]), rows

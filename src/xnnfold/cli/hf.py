@@ -10,8 +10,8 @@ from .command import Command, CommandFailed, LLM_KERNELS_HELP, require
 def _hf_arguments(parser) -> None:
     parser.add_argument("folder", help="the folder save_pretrained wrote (config.json, weights)")
     parser.add_argument("-o", "--output", required=True, help="the .pte to write (Whisper, "
-                        "BART: one generation .pte and OUT.ptd, its tied head's table; with "
-                        "--no-cache, and T5: OUT.encoder.pte and OUT.decoder.pte; CLIP: "
+                        "BART, T5: one generation .pte and OUT.ptd, a tied head's table; with "
+                        "--no-cache: OUT.encoder.pte and OUT.decoder.pte; CLIP: "
                         "OUT.text.pte and OUT.vision.pte)")
     parser.add_argument("--compare", action="store_true",
                         help="also lower with stock executorch; time both on the runtime")
@@ -29,10 +29,10 @@ def _hf_arguments(parser) -> None:
                         "runtime against eager (checked by default; exit 1 when it differs)")
     parser.add_argument("--no-cache", action="store_true", help="a causal LM: the logits of "
                         "--tokens tokens, no KV cache, instead of the generation .pte; Whisper, "
-                        "BART: the encoder and one decoder step")
+                        "BART, T5: the encoder and one decoder step")
     parser.add_argument("--max-cache", type=int, help="a causal LM: rows of the KV cache "
-                        "(default: 1024, at most the model's positions); Whisper, BART: of the "
-                        "decoder's self-attention cache (default: its positions)")
+                        "(default: 1024, at most the model's positions); Whisper, BART, T5: of the "
+                        "decoder's self-attention cache (default: its positions; T5's: 512)")
     parser.add_argument("--max-prefill", type=int, help="a causal LM: the most tokens one "
                         "forward call takes (default: 128, at most --max-cache; a longer prompt "
                         "goes in as chunks: executorch's runner reads it as get_max_seq_len)")

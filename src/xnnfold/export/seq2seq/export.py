@@ -43,20 +43,26 @@ from typing import Optional
 import torch
 from torch import nn
 
+from . import t5
+
 ENCODER, DECODER = "encoder", "text_decoder"
 _PROJECTIONS = ("k_proj", "v_proj", "num_heads", "head_dim")
 
 
 def cross_attentions(model) -> list:
-    """The decoder layers' cross-attention modules (``encoder_attn``: Whisper, BART, Marian,
-    Pegasus...), each with ``k_proj``, ``v_proj``, ``num_heads`` and ``head_dim``; ValueError
-    for a model whose decoder has none (T5's attention is another class)."""
+    """``(keys, values, heads, head_dim)`` of each decoder layer's cross-attention: the key and
+    value projections of BART's ``encoder_attn`` (Whisper, BART, Marian, Pegasus...) or of
+    T5's ``EncDecAttention`` (:mod:`.t5`); ValueError for a model whose decoder has neither."""
     decoder = model.get_decoder()
     found = [getattr(layer, "encoder_attn", None) for layer in getattr(decoder, "layers", [])]
-    if not found or any(a is None or not all(hasattr(a, n) for n in _PROJECTIONS)
-                        for a in found):
+    if found and all(a is not None and all(hasattr(a, n) for n in _PROJECTIONS)
+                     for a in found):
+        return [(a.k_proj, a.v_proj, a.num_heads, a.head_dim) for a in found]
+    found = t5.cross_attentions(model)
+    if found is None:
         raise ValueError(f"{type(model).__name__}: its decoder layers have no encoder_attn with "
-                         "k_proj and v_proj (Whisper's and BART's cross-attention)")
+                         "k_proj and v_proj (Whisper's and BART's cross-attention) nor T5's "
+                         "EncDecAttention")
     return found
 
 
@@ -67,18 +73,19 @@ class EncoderWithCrossKV(nn.Module):
     def __init__(self, model, input_name: str):
         super().__init__()
         self.encoder = model.get_encoder()
-        self.attentions = nn.ModuleList(cross_attentions(model))
+        attentions = cross_attentions(model)
+        self.projections = nn.ModuleList(nn.ModuleList(a[:2]) for a in attentions)
+        self.shapes = [a[2:] for a in attentions]
         self.input_name = input_name
 
     def forward(self, inputs):
         states = self.encoder(**{self.input_name: inputs}).last_hidden_state[0]   # [S, D]
         parts = []
-        for attention in self.attentions:
-            for projection in (attention.k_proj, attention.v_proj):
+        for projections, (heads, head_dim) in zip(self.projections, self.shapes):
+            for projection in projections:
                 rows = projection(states)                                      # [S, H * Dh]
-                parts.append(rows.view(rows.shape[0], attention.num_heads, attention.head_dim)
-                             .transpose(0, 1))                                 # [H, S, Dh]
-        return torch.cat(parts, 0)
+                parts.append(rows.view(rows.shape[0], heads, head_dim).transpose(0, 1))
+        return torch.cat(parts, 0)                                             # [H, S, Dh] each
 
 
 class _GivenLayer:
@@ -108,8 +115,8 @@ class DecoderStep(nn.Module):
         config = copy.deepcopy(model.config.get_text_config(decoder=True))
         config.num_hidden_layers = len(self.attentions)   # Whisper's counts the encoder's
         self.cache = StaticCache(config=config, max_cache_len=max_cache)
-        first = self.attentions[0]
-        self.cache.early_initialization(1, first.num_heads, first.head_dim, torch.float32,
+        _, _, heads, head_dim = self.attentions[0]
+        self.cache.early_initialization(1, heads, head_dim, torch.float32,
                                         next(model.parameters()).device)
         for i, layer in enumerate(self.cache.layers):
             self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
@@ -123,8 +130,7 @@ class DecoderStep(nn.Module):
         for layer in self.cache.layers:          # the step's position, as transformers' own
             layer.cumulative_length.copy_(cache_position[0])     # exportable wrappers set it
         given, row = [], 0
-        for attention in self.attentions:
-            heads = attention.num_heads
+        for _, _, heads, _ in self.attentions:
             given.append(_GivenLayer(cross_kv[row:row + heads].unsqueeze(0),
                                      cross_kv[row + heads:row + 2 * heads].unsqueeze(0)))
             row += 2 * heads
@@ -133,8 +139,8 @@ class DecoderStep(nn.Module):
         cache = EncoderDecoderCache(self.cache, cross)     # marks every cross layer updated
         # the encoder's states are never read (each cross-attention reads the cache); the model
         # takes their shape [1, S, D] for its encoder mask, absent here (nothing padded)
-        first = self.attentions[0]
-        states = cross_kv[:1, :, :1].expand(1, -1, first.num_heads * first.head_dim)
+        _, _, heads, head_dim = self.attentions[0]
+        states = cross_kv[:1, :, :1].expand(1, -1, heads * head_dim)
         return self.model(decoder_input_ids=input_ids, encoder_outputs=(states,), cache=cache,
                           use_cache=True).logits
 
@@ -154,12 +160,15 @@ def is_speech(model) -> bool:
 
 
 def target_positions(model) -> int:
-    """The decoder's own limit on positions (Whisper: 448)."""
+    """The decoder's own limit on positions (Whisper: 448; T5, whose positions are relative:
+    :data:`.t5.RELATIVE_POSITIONS`)."""
     config = model.config
     for name in ("max_target_positions", "max_position_embeddings"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
             return value
+    if t5.positions(config) is not None:
+        return t5.positions(config)
     raise ValueError(f"{type(model).__name__}: its config names no decoder positions")
 
 
@@ -199,11 +208,9 @@ def export_seq2seq(model, max_cache: Optional[int] = None, example_source: int =
             example = torch.zeros(1, config.num_mel_bins, 2 * config.max_source_positions)
         else:                      # 1 .. max_position_embeddings source tokens
             name = "input_ids"
-            length = torch.export.Dim("source_tokens", min=1,
-                                      max=config.max_position_embeddings)
-            dims = {1: length}
-            example = torch.ones(1, min(example_source, config.max_position_embeddings),
-                                 dtype=torch.long)
+            most = getattr(config, "max_position_embeddings", None) or t5.positions(config)
+            dims = {1: torch.export.Dim("source_tokens", min=1, max=most)}
+            example = torch.ones(1, min(example_source, most), dtype=torch.long)
         encoder = EncoderWithCrossKV(model, name).eval()
         encoder_program = torch.export.export(encoder, (example,), dynamic_shapes=(dims,),
                                               strict=True)
