@@ -9,17 +9,18 @@ from config.json alone, before torch, transformers or the weights load (:func:`p
   ``forward`` over transformers' static KV cache (:mod:`xnnfold.export.llm`), the layout
   executorch's ``TextLLMRunner`` runs, its linears quantized with ``--quantize``, the folder's
   tokenizer copied beside it; ``--no-cache``: the logits of ``--tokens`` tokens, no cache;
-- Whisper, and a text seq2seq model whose decoder has BART's cross-attention (BART, mBART,
-  Marian, Pegasus...): a generation-ready .pte (:mod:`xnnfold.export.seq2seq`): ``encoder``
-  once per input, returning every decoder layer's cross-attention keys and values, and
-  ``text_decoder`` one token per call over a self-attention cache, the layout executorch's
-  speech runner calls; the tied head's table in ``OUT.ptd`` beside it;
+- Whisper, and a text seq2seq model whose decoder has BART's or T5's cross-attention (BART,
+  mBART, Marian, Pegasus; T5, Flan-T5, mT5): a generation-ready .pte
+  (:mod:`xnnfold.export.seq2seq`): ``encoder`` once per input, returning every decoder layer's
+  cross-attention keys and values, and ``text_decoder`` one token per call over a
+  self-attention cache, the layout executorch's speech runner calls; a tied head's table in
+  ``OUT.ptd`` beside it;
 - an image-text-to-text model (LLaVA): the .pte executorch's ``MultimodalRunner`` runs,
   methods ``vision_encoder``, ``token_embedding``, ``text_decoder``
   (:mod:`xnnfold.export.multimodal`), the folder's tokenizer copied beside it;
-- ``--no-cache``, and T5 (whose attention is another class): the encoder (Whisper: a full
-  window; text: ``input_ids`` + ``attention_mask``) and one decoder step (``--tokens`` tokens
-  over the encoder's states, logits), ``OUT.encoder.pte`` and ``OUT.decoder.pte``;
+- ``--no-cache``, and a seq2seq model whose cross-attention is neither: the encoder (Whisper:
+  a full window; text: ``input_ids`` + ``attention_mask``) and one decoder step (``--tokens``
+  tokens over the encoder's states, logits), ``OUT.encoder.pte`` and ``OUT.decoder.pte``;
 - a classifier or tagger of text (``...ForSequenceClassification``,
   ``...ForTokenClassification``, ``...ForMaskedLM``): logits of ``input_ids`` +
   ``attention_mask``; an image classifier (``...ForImageClassification``): logits of one image;
@@ -89,9 +90,9 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
     else:
         exported = Exported([], [], [])
         if plan.kind == SEQ2SEQ and cache:
-            exported.notes.append(f"{plan.architecture}: its decoder has no BART-style "
-                                  "cross-attention (encoder_attn): exported as the encoder and "
-                                  "one decoder step, without a cache")
+            exported.notes.append(f"{plan.architecture}: its decoder has neither BART's "
+                                  "cross-attention (encoder_attn) nor T5's: exported as the "
+                                  "encoder and one decoder step, without a cache")
         for part in hf_parts.parts(plan, model, tokens):
             destination = pte_path(output_path, part.name)
             _export_part(part, destination, exported, compare, reps, prefer, check)
