@@ -203,3 +203,20 @@ def test_a_prefill_shorter_than_the_image_is_refused():
     with pytest.raises(ValueError, match="max_prefill 8: the runner prefills an image's 16 "
                        "embeddings in one call"):
         export_image_text_to_text(_tiny_llava(transformers), max_cache=64, max_prefill=8)
+
+
+def test_a_cache_without_room_for_the_check_is_one_line(tmp_path):
+    """The check's prompt holds the image's embeddings too: a cache too short for it is
+    refused before the lowering, naming the option."""
+    import transformers
+
+    from xnnfold.usage import OptionError
+
+    torch.manual_seed(0)
+    folder = tmp_path / "folder"
+    _tiny_llava(transformers).save_pretrained(str(folder))
+    plan = hf_plan.plan(str(folder), tokens=4, max_cache=16)
+    with pytest.raises(OptionError, match="tokens 4: the check runs 4 \\+ the image's 16 \\+ "
+                       "4 positions, the cache has 16 rows \\(max_cache\\)"):
+        hf.export_folder(plan, str(tmp_path / "x.pte"), tokens=4, max_cache=16)
+    assert not (tmp_path / "x.pte").exists()

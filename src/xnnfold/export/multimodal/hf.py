@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from ..hf import plan as hf_plan, rows as hf_rows
+from ...usage import OptionError
 from ...pte.files import write_atomically
 from .export import TEXT_DECODER, VISION_ENCODER, ImageEmbeddings, export_image_text_to_text
 
@@ -108,6 +109,7 @@ def export_multimodal_generation(model, output: Path, compare: bool, tokens: int
     from .runtime import MultimodalGenerator
 
     name = type(model).__name__
+    _check_room(model, tokens, max_cache, max_prefill)
     with hf_rows.failing_as_usage(f"{name}: the export of its vision encoder, token embedding "
                                   "and text decoder"):
         generation = export_image_text_to_text(model, max_cache, max_prefill)
@@ -145,6 +147,22 @@ def export_multimodal_generation(model, output: Path, compare: bool, tokens: int
             f"(the image's included) {prefill_ms:.3f} ms; decode {decode_ms:.3f} ms per token;"
             f" medians of {reps} interleaved rounds")
     return exported
+
+
+def _check_room(model, tokens: int, max_cache: Optional[int], max_prefill: Optional[int]
+                ) -> None:
+    """One line, before any export, when the check's prompt (its tokens, the image's
+    embeddings, the decode steps) does not fit the cache."""
+    from ..llm.sizes import cache_sizes, positions_of
+    from .export import image_size
+
+    rows = cache_sizes(positions_of(model), max_cache, max_prefill)[0]
+    with torch.no_grad():
+        image_tokens = int(ImageEmbeddings(model)(torch.zeros(1, *image_size(model))).shape[1])
+    if tokens + image_tokens + hf_plan.CHECK_STEPS > rows:
+        raise OptionError(f"`tokens` {tokens}: the check runs {tokens} + the image's "
+                          f"{image_tokens} + {hf_plan.CHECK_STEPS} positions, the cache has "
+                          f"{rows} rows (`max_cache`)")
 
 
 def runner_notes(output: Path, folder: Optional[str], metadata: dict) -> list:
