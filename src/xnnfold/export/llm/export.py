@@ -162,7 +162,8 @@ def lower_generation(generation: GenerationPrograms, partitioner_class=None,
     cache = set().union(*written.values())
     program = edge.to_executorch(emit_config())
     # the methods that write the cache share it (a vision encoder beside them holds none)
-    check_shared(program.executorch_program, writers or list(generation.programs), cache)
+    check_shared(program.executorch_program, [name for name in generation.programs
+                                              if name in writers or not writers], cache)
     # executorch's .buffer joins the serialized chunks into one bytes while they are alive: a
     # second .pte in memory at the export's peak. Streamed to a file and read back once the
     # chunks (and the lowered programs' copies of the weights) are dropped, it is there once.
