@@ -67,3 +67,63 @@ def test_the_pte_read_back_from_the_file_is_executorchs_buffer():
     again = to_edge_transform_and_lower({"forward": program},
                                         partitioner={"forward": [XnnpackPartitioner()]})
     assert lowered.pte == again.to_executorch(emit_config()).buffer
+
+
+def test_a_pte_file_is_scanned_for_the_llm_kernels_a_chunk_at_a_time(tmp_path):
+    """Generator(path) never reads the .pte whole: the operator names are looked for a chunk at
+    a time, across the chunks' boundaries too."""
+    from xnnfold.export.llm.runtime import LLM_KERNELS, _file_holds
+
+    path = tmp_path / "m.pte"
+    for offset in range(0, 12):                   # the name at every place about a boundary
+        path.write_bytes(b"x" * offset + LLM_KERNELS + b"y" * 5)
+        assert _file_holds(str(path), LLM_KERNELS, chunk=8), offset
+    path.write_bytes(b"llama:" + b"z" * 20 + b":")
+    assert not _file_holds(str(path), LLM_KERNELS, chunk=8)
+
+
+def test_the_written_pte_is_checked_from_its_file_with_the_program_dropped(tmp_path,
+                                                                          monkeypatch):
+    """export_generation's check: eager's reference computed before the lowering, then the
+    runtime given the written file (not its bytes) while no exported program is alive, and
+    the .pte's bytes no longer referenced. Fakes for the export, the lowering and the runtime."""
+    import gc
+
+    import xnnfold.export.llm as llm
+    from xnnfold.export.hf import generation
+    from xnnfold.export.llm.export import GenerationPrograms
+    from xnnfold.pte.compare import Comparison
+
+    order, given = [], []
+
+    class Program:                   # stands for an ExportedProgram: found if still alive
+        pass
+
+    def exported(model, max_cache, max_prefill):
+        order.append("export")
+        return GenerationPrograms({"forward": Program()}, {"get_vocab_size": 64}, 32, 8)
+
+    class Runtime:
+        def __init__(self, pte):
+            given.append(pte)
+            assert not [o for o in gc.get_objects() if isinstance(o, Program)]
+
+    def lowered(gen, variant, prefer):
+        order.append("lower")
+        return bytes(16), generation.MethodLowering(16, 0.0, [], 1, [])
+
+    monkeypatch.setattr(llm, "export_causal_lm", exported)
+    monkeypatch.setattr(llm, "Generator", Runtime)
+    monkeypatch.setattr(generation, "_lower", lowered)
+    monkeypatch.setattr(generation, "eager_reference",
+                        lambda model, prompt: order.append("eager") or "reference")
+    monkeypatch.setattr(generation, "_check", lambda reference, runtime, quantized=False: (
+        Comparison(True, 0.0), Comparison(True, 0.0)))
+    import transformers as tf
+
+    model = _Tied().eval()
+    model.config = tf.LlamaConfig()            # what the notes read of a causal LM
+    output = tmp_path / "m.pte"
+    generation.export_generation(model, output, False, 4, 1, "speed", True, None, None)
+    assert order == ["export", "eager", "lower"] and given == [output]
+    assert output.read_bytes() == bytes(16)
