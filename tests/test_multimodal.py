@@ -220,3 +220,18 @@ def test_a_cache_without_room_for_the_check_is_one_line(tmp_path):
                        "4 positions, the cache has 16 rows \\(max_cache\\)"):
         hf.export_folder(plan, str(tmp_path / "x.pte"), tokens=4, max_cache=16)
     assert not (tmp_path / "x.pte").exists()
+
+
+@pytest.mark.parametrize("option, said", [
+    (["--no-cache"], "--no-cache: LlavaForConditionalGeneration's .pte for executorch's "
+     "MultimodalRunner has a KV cache on XNNPACK"),
+    (["--llm-kernels"], "--llm-kernels: LlavaForConditionalGeneration's .pte"),
+    (["--quantize", "8da4w"], "--quantize 8da4w: for a causal LM's generation .pte only"),
+])
+def test_options_of_a_text_pte_alone_are_one_line(tmp_path, capsys, option, said):
+    """Refused from config.json, before the weights load (the folder has none)."""
+    folder = _folder(tmp_path, "LlavaForConditionalGeneration", "llava",
+                     vision_config={}, text_config={"max_position_embeddings": 64})
+    assert cli.main(["hf", folder, "-o", str(tmp_path / "x.pte")] + option) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and said in err, err
