@@ -14,7 +14,7 @@ from .command import Command, runtime_arguments
 def _generate_arguments(parser) -> None:
     parser.add_argument("pte", help="the generation .pte `xnnfold hf` wrote for a causal LM "
                         "(one forward method), or for a text encoder-decoder model (BART: "
-                        "the prompt is the encoder's input)")
+                        "the prompt is the encoder's input), or for LLaVA (--image)")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the prompt's text, encoded by the tokenizer beside "
                         "the .pte (or --tokenizer) as executorch's runner encodes it")
