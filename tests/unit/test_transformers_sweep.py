@@ -31,9 +31,15 @@ def test_tiny_config_shrinks_sub_configs_and_keeps_token_ids_in_the_vocabulary()
 
 
 def test_tiny_config_stage_lists_and_widths():
+    seed_everything("transformers_sweep.stages")
     swin = tiny_models.tiny_config("swin")
     assert swin.depths == [1, 1, 1, 1] and swin.num_heads == [1, 1, 1, 1]
-    assert swin.window_size == 4
+    # a layer per stage, the width doubling per stage, the last stage a whole window
+    assert swin.num_layers == 4 and swin.hidden_size == swin.embed_dim * 8 == 256
+    assert swin.window_size == 2 and swin.image_size == swin.patch_size * 16 == 64
+    model = tf.SwinModel(swin).eval()
+    with torch.no_grad():
+        model(**tiny_models.sample_inputs(model, torch.Generator().manual_seed(0)))
     resnet = tiny_models.tiny_config("resnet")
     assert resnet.hidden_sizes == [8, 16, 32, 64]
     falcon = tiny_models.tiny_config("falcon")

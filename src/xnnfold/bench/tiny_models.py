@@ -51,7 +51,7 @@ SIZES = {
     "conv_dim": 32, "tdnn_dim": 32, "num_hidden_groups": 1, "sliding_window": 16,
     "attention_window": 16, "rotary_dim": 8, "moe_intermediate_size": FF,
     "ffn_hidden_size": FF, "pooler_hidden_size": HIDDEN, "decoder_vocab_size": VOCAB,
-    "window_size": 4,
+    "window_size": 4, "projection_size": HIDDEN,
 }
 LIST_SIZES = {"depths": 1, "num_heads": 1, "conv_dim": 32}   # per stage, lengths kept
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
@@ -100,6 +100,17 @@ def _shrink(config, seen: set) -> None:
     patch = getattr(config, "patch_size", None)
     if getattr(config, "image_size", None) is not None and isinstance(patch, int):
         config.patch_size = min(patch, IMAGE // 4)          # a few patches per image
+    depths = getattr(config, "depths", None)
+    if isinstance(depths, list) and isinstance(getattr(config, "embed_dim", None), int):
+        # A hierarchical vision model (Swin): a layer per stage, the width doubling per stage,
+        # and an image whose last stage still holds a whole window (a smaller one is a case
+        # transformers' SDPA path does not size its bias for).
+        config.num_layers = len(depths)
+        config.hidden_size = config.embed_dim * 2 ** (len(depths) - 1)
+        if isinstance(getattr(config, "window_size", None), int) and \
+                isinstance(config.patch_size, int):
+            config.window_size = 2
+            config.image_size = config.patch_size * 2 ** len(depths)
 
 
 def tiny_config(model_type: str):
