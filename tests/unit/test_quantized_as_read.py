@@ -4,7 +4,6 @@ give, bit for bit; each tensor is read once, and the float32 weights read are ne
 together beyond about one layer's; a folder it cannot read so is said and loaded whole."""
 
 import gc
-from pathlib import Path
 
 import pytest
 import torch
@@ -81,13 +80,12 @@ def test_each_tensor_is_read_once_and_the_float32_weights_never_all_alive(folder
     process, less those the loaded model keeps (embedding, norms): the linears' float32
     weights, each dropped once quantized, weigh at most one layer's. Reading every weight
     before quantizing holds all the layers'."""
-    read, names, alive, mapped = {}, [], [], []
+    read, names, alive = {}, [], []
     reading = streaming.read_float32
 
     def watched(opened, name):
         if name.endswith("norm.weight"):      # twice a layer and at the end: enough to see
             alive.append(_float32_alive(read))    # every layer's weights alive at once
-            mapped.append(str(folder / "model.safetensors") in Path("/proc/self/maps").read_text())
         tensor = reading(opened, name)
         names.append(name)
         read[tensor.data_ptr()] = (name, tensor.nbytes, tuple(tensor.shape))
@@ -102,30 +100,6 @@ def test_each_tensor_is_read_once_and_the_float32_weights_never_all_alive(folder
     layer = sum(size for name, size, _ in read.values() if name.startswith("model.layers.0."))
     assert max(dropped) <= layer, (max(dropped), layer)
     assert layer > 0 and sum(p.numel() for p in model.parameters()) > 0
-    # read, not mapped: a mapped file's pages stay resident while it is open (the whole
-    # checkpoint by the end of the load)
-    assert mapped and not any(mapped)
-
-
-def test_the_reader_gives_the_tensors_safetensors_wrote(tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    tensors = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "f32": torch.randn(7),
-               "i64": torch.arange(6).reshape(2, 3), "flag": torch.tensor([True, False]),
-               "scalar": torch.tensor(2.5, dtype=torch.float16)}
-    save_file(tensors, str(tmp_path / "t.safetensors"))
-    expected = load_file(str(tmp_path / "t.safetensors"))
-    with streaming.SafetensorsFile(tmp_path / "t.safetensors") as opened:
-        assert sorted(opened.keys()) == sorted(tensors)
-        for name, tensor in expected.items():
-            got = opened.get_tensor(name)
-            assert got.dtype == tensor.dtype and torch.equal(got, tensor), name
-    data = (tmp_path / "t.safetensors").read_bytes()
-    (tmp_path / "cut.safetensors").write_bytes(data[:-4])
-    with streaming.SafetensorsFile(tmp_path / "cut.safetensors") as opened:
-        last = max(opened.keys(), key=lambda n: opened.header[n]["data_offsets"][1])
-        with pytest.raises(streaming.NotStreamable, match=f"truncated at tensor {last}"):
-            opened.get_tensor(last)
 
 
 def test_a_buffer_transformers_leaves_unset_is_not_used(folder, monkeypatch):

@@ -1,6 +1,6 @@
 """A causal LM's weights quantized as they are read (``xnnfold hf --quantize``): the model built
 on the meta device (no memory for its weights), then module by module its tensors read from
-the folder's safetensors files (a tensor at a time, not mapped), made float32, and each linear the
+the folder's safetensors files (mapped, a tensor at a time), made float32, and each linear the
 scheme takes quantized at once, its float32 weight dropped. The float32 weights are never all in
 memory: the peak is the quantized model and one module's float32 tensors, where loading the
 model whole and then quantizing it held every float32 weight first (1.0x the float32 weights;
@@ -17,9 +17,6 @@ with the reason, and the caller loads the model whole.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
-import struct
 from pathlib import Path
 import torch
 from torch import nn
@@ -29,60 +26,17 @@ class NotStreamable(Exception):
     """Why a folder's weights cannot be read module by module (one line)."""
 
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
-
-
-class SafetensorsFile:
-    """A safetensors file read a tensor at a time with plain reads: 8 bytes (the header's
-    length, little-endian), the JSON header (each tensor's dtype, shape and byte range after
-    it), the data. Not mapped: the pages of a mapped file stay in the process's resident set
-    while it is open (a 538 MB SmolLM2 in full by the end of its load)."""
-
-    def __init__(self, path: Path):
-        self.path, self.file = path, open(path, "rb")
-        try:
-            (length,) = struct.unpack("<Q", self.file.read(8))
-            self.header = json.loads(self.file.read(length))
-        except (struct.error, ValueError) as error:
-            self.file.close()
-            raise NotStreamable(f"{path.name}: not a safetensors header ({error})")
-        self.header.pop("__metadata__", None)
-        self.start = 8 + length
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exception):
-        self.file.close()
-
-    def keys(self) -> list:
-        return list(self.header)
-
-    def get_tensor(self, name: str) -> torch.Tensor:
-        entry = self.header[name]
-        dtype = _DTYPES.get(entry["dtype"])
-        begin, end = entry["data_offsets"]
-        if dtype is None or end - begin != math.prod(entry["shape"]) * dtype.itemsize:
-            raise NotStreamable(f"{self.path.name}: tensor {name} is {entry['dtype']} of "
-                                f"{end - begin} bytes for shape {entry['shape']}")
-        data = torch.empty(end - begin, dtype=torch.uint8)
-        self.file.seek(self.start + begin)
-        if self.file.readinto(data.numpy()) != end - begin:
-            raise NotStreamable(f"{self.path.name}: truncated at tensor {name}")
-        return data.view(dtype).reshape(entry["shape"])
-
-
 def checkpoint_names(folder) -> dict:
     """{tensor name: its safetensors file} of every tensor in ``folder``'s safetensors files
     (their headers only)."""
+    from safetensors import safe_open
+
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise NotStreamable("no safetensors file")
     names: dict = {}
     for path in files:
-        with SafetensorsFile(path) as opened:
+        with safe_open(str(path), framework="pt") as opened:
             for name in opened.keys():
                 if name in names:
                     raise NotStreamable(f"{name} is in {names[name].name} and {path.name}")
@@ -90,7 +44,7 @@ def checkpoint_names(folder) -> dict:
     return names
 
 
-def read_float32(opened: SafetensorsFile, name: str) -> torch.Tensor:
+def read_float32(opened, name: str) -> torch.Tensor:
     """Tensor ``name`` of an open safetensors file, as float32 (a bfloat16 one upcast alone)."""
     tensor = opened.get_tensor(name)
     return tensor.to(torch.float32) if tensor.is_floating_point() else tensor
@@ -146,14 +100,16 @@ def load_quantized(cls, folder, config, implementation: str, scheme: str) -> nn.
 
 
 class _Opener:
-    """Each safetensors file opened once, closed with ``files``."""
+    """Each safetensors file opened once (mapped), closed with ``files``."""
 
     def __init__(self, files: contextlib.ExitStack):
         self.files, self.opened = files, {}
 
-    def __call__(self, path: Path) -> SafetensorsFile:
+    def __call__(self, path: Path):
+        from safetensors import safe_open
+
         if path not in self.opened:
-            self.opened[path] = self.files.enter_context(SafetensorsFile(path))
+            self.opened[path] = self.files.enter_context(safe_open(str(path), framework="pt"))
         return self.opened[path]
 
 
