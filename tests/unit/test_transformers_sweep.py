@@ -71,6 +71,18 @@ def test_an_input_the_sweep_does_not_build_is_named():
         tiny_models.sample_inputs(model, torch.Generator().manual_seed(0))
 
 
+def test_outputs_all_zero_get_the_zero_parameters_drawn():
+    """MobileViT at tiny dims outputs zeros (its zero biases): no comparison can judge that."""
+    seed_everything("transformers_sweep.zeros")
+    model = tf.MobileViTModel(tiny_models.tiny_config("mobilevit")).eval()
+    inputs = tiny_models.sample_inputs(model, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert transformers_sweep._all_zero(model(**inputs))
+        assert tiny_models.redraw_zero_parameters(model, torch.Generator().manual_seed(1)) > 0
+        assert not transformers_sweep._all_zero(model(**inputs))
+    assert not transformers_sweep._all_zero({"logits": torch.ones(2), "mask": torch.zeros(2)})
+
+
 def test_model_classes_most_used_families_first_each_once():
     classes = tiny_models.model_classes()
     names = [name for name, _ in classes]
