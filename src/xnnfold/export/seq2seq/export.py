@@ -130,9 +130,13 @@ class DecoderStep(nn.Module):
         for layer in self.cache.layers:          # the step's position, as transformers' own
             layer.cumulative_length.copy_(cache_position[0])     # exportable wrappers set it
         given, row = [], 0
-        for _, _, heads, _ in self.attentions:
-            given.append(_GivenLayer(cross_kv[row:row + heads].unsqueeze(0),
-                                     cross_kv[row + heads:row + 2 * heads].unsqueeze(0)))
+        for _, _, heads, head_dim in self.attentions:
+            # a view of one dynamic size, which XNNPACK takes (the pass's dynamic_views step);
+            # an unsqueeze of a text model's keys (their source length dynamic) is a copy on
+            # portable kernels, 0.13 ms a step at t5-small's dims over 128 source tokens
+            given.append(_GivenLayer(cross_kv[row:row + heads].view(1, heads, -1, head_dim),
+                                     cross_kv[row + heads:row + 2 * heads].view(
+                                         1, heads, -1, head_dim)))
             row += 2 * heads
         cross = DynamicCache()
         cross.layers = given
