@@ -5,12 +5,12 @@ weights: the .pte's bytes, each method's lowering, the vision encoder's time and
 it on portable kernels (an ETDump), the prefill of a prompt with the image (one call for its
 196 embeddings) and the decode per token, medians, on the runtime. The runner's calls
 (:class:`~xnnfold.export.multimodal.runtime.MultimodalGenerator`); the text decoder's greedy
-tokens are checked against eager transformers'."""
+tokens are checked against eager transformers'. ``--stock``: stock's lowering beside
+xnnfold's, timed in interleaved rounds."""
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -32,54 +32,80 @@ def _model(layers: int):
     return transformers.LlavaForConditionalGeneration(config).eval()
 
 
+def _lowered(generation, variant: str):
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackPartitioner as StockXnnpackPartitioner,
+    )
+
+    from ..export.llm.export import lower_generation
+    from ..pte import inspect_lowered
+
+    start = time.perf_counter()
+    lowered = lower_generation(
+        generation, StockXnnpackPartitioner if variant == "stock" else None,
+        before_emit=lambda edge: {m: inspect_lowered(edge.exported_program(m))[:2]
+                                  for m in generation.programs})
+    print(f"{variant}: lowering {time.perf_counter() - start:.1f} s; .pte "
+          f"{len(lowered.pte):,} bytes")
+    for method, (ops, calls) in lowered.inspected.items():
+        print(f"  {method}: {calls} delegate call(s); outside: {sorted(set(ops)) or 'nothing'}")
+    return lowered.pte
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4, help="text decoder layers")
     parser.add_argument("--max-cache", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=16, help="decode steps timed")
+    parser.add_argument("--threads", type=int, default=1, help="the runtime's threads (one: "
+                        "the steadiest figures on a shared machine)")
+    parser.add_argument("--stock", action="store_true", help="stock's lowering beside, timed "
+                        "interleaved")
     args = parser.parse_args(argv)
-    from ..export.llm.export import lower_generation
     from ..export.multimodal.export import VISION_ENCODER, export_image_text_to_text
     from ..export.multimodal.hf import check_prompt
     from ..export.multimodal.runtime import MultimodalGenerator
-    from ..pte import inspect_lowered
     from ..pte.devtools import DELEGATE, operator_times
+    from ..export.llm.runtime import set_threads
+    from ..pte.timing import medians_interleaved
 
+    set_threads(args.threads)
     torch.manual_seed(0)
     model = _model(args.layers)
     start = time.perf_counter()
     generation = export_image_text_to_text(model, args.max_cache)
     print(f"export: {time.perf_counter() - start:.1f} s")
-    start = time.perf_counter()
-    lowered = lower_generation(generation, before_emit=lambda edge: {
-        m: inspect_lowered(edge.exported_program(m))[:2] for m in generation.programs})
-    print(f"lowering: {time.perf_counter() - start:.1f} s; .pte {len(lowered.pte):,} bytes")
-    for method, (ops, calls) in lowered.inspected.items():
-        print(f"  {method}: {calls} delegate call(s); outside: {sorted(set(ops)) or 'nothing'}")
-    generator = MultimodalGenerator(lowered.pte)
+    variants = ["xnnfold"] + (["stock"] if args.stock else [])
+    ptes = {variant: _lowered(generation, variant) for variant in variants}
     ids, image = check_prompt(generation, 16)
-    times = operator_times(lowered.pte, (image,), runs=args.rounds, method=VISION_ENCODER)
-    total = sum(times.values())
-    print(f"vision encoder (ETDump, median of {args.rounds}): {total:.1f} ms, on portable "
-          f"{(total - times.get(DELEGATE, 0.0)) / total:.2%}")
-    encoder, prefill, decode, tokens = [], [], [], None
-    for _ in range(args.rounds + 1):
-        start = time.perf_counter()
-        generator.encode_image(image)
-        encoder.append((time.perf_counter() - start) * 1e3)
-        run = generator.generate(ids, [image], args.steps + 1, stop_at_eos=False)
-        prefill.append(run.prefill_seconds * 1e3)
-        decode.append(run.decode_seconds * 1e3 / args.steps)
-        tokens = run.tokens
     with torch.no_grad():
         eager = model.generate(input_ids=torch.tensor([ids]), pixel_values=image,
                                max_new_tokens=args.steps + 1, do_sample=False)
-    print(f"vision encoder {statistics.median(encoder[1:]):.1f} ms; prefill of {len(ids)} "
-          f"positions with the image (encoder included) {statistics.median(prefill[1:]):.1f} "
-          f"ms; decode {statistics.median(decode[1:]):.2f} ms per token; medians of "
-          f"{args.rounds} after a warm-up")
-    print(f"greedy tokens equal eager's: {tokens == eager[0, len(ids):].tolist()}")
+    generators = {}
+    for variant, pte in ptes.items():
+        times = operator_times(pte, (image,), runs=args.rounds, method=VISION_ENCODER)
+        total = sum(times.values())
+        print(f"{variant}: vision encoder (ETDump, median of {args.rounds}): {total:.1f} ms, "
+              f"on portable {(total - times.get(DELEGATE, 0.0)) / total:.2%}")
+        generators[variant] = MultimodalGenerator(pte)
+        tokens = generators[variant].generate(ids, [image], args.steps + 1,
+                                              stop_at_eos=False).tokens
+        print(f"{variant}: greedy tokens equal eager's: "
+              f"{tokens == eager[0, len(ids):].tolist()}")
+
+    def measure(generator) -> tuple:
+        start = time.perf_counter()
+        generator.encode_image(image)
+        encoder = time.perf_counter() - start
+        run = generator.generate(ids, [image], args.steps + 1, stop_at_eos=False)
+        return encoder * 1e3, run.prefill_seconds * 1e3, run.decode_seconds * 1e3 / args.steps
+
+    for variant, (encoder, prefill, decode) in medians_interleaved(
+            generators, measure, args.rounds).items():
+        print(f"{variant}: vision encoder {encoder:.1f} ms; prefill of {len(ids)} positions "
+              f"with the image (encoder included) {prefill:.1f} ms; decode {decode:.2f} ms "
+              f"per token; medians of {args.rounds} interleaved rounds after a warm-up")
     return 0
 
 

@@ -28,7 +28,8 @@ PHASES = (VISION_ENCODER, "prefill", "decode")
 
 
 class _Lowering:
-    """What a table row reads of one lowered .pte (every method's counts summed)."""
+    """What a table row reads of one lowered .pte: its bytes, its lowering's seconds, and per
+    method the GEMMs left outside XNNPACK and the delegate calls."""
 
     def __init__(self, pte: bytes, seconds: float, inspected: dict):
         from ...analysis.gemms import EDGE_GEMM_NAMES
