@@ -104,7 +104,7 @@ def test_what_to_try_is_what_fits(tmp_path):
     folder = folder_of(tmp_path, "llama8b", LLAMA_8B)
     with pytest.raises(OptionError) as refused:
         fits.check_fits(folder, LLAMA_8B, None, 1024, available=(100 * GB, "MemAvailable"))
-    assert str(refused.value).endswith("try quantize=8da4w (about 97.2 GB); or force=True to "
+    assert str(refused.value).endswith("try quantize=8da4w (about 65.1 GB); or force=True to "
                                        "export anyway")
     # the weights fit, the cache of 4,096 rows does not: a cache that fits
     small = fits.estimate(folder, LLAMA_8B, 0).peak("8da4w")
@@ -171,7 +171,7 @@ def test_export_folder_refuses_before_loading_unless_forced(tmp_path, monkeypatc
     class Loaded(Exception):
         pass
 
-    def load(plan, attention):
+    def load(plan, attention, quantize=None):
         raise Loaded
 
     monkeypatch.setattr(parts, "load", load)
