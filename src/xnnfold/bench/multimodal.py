@@ -64,7 +64,7 @@ def main(argv=None) -> int:
                         "interleaved")
     args = parser.parse_args(argv)
     from ..export.multimodal.export import VISION_ENCODER, export_image_text_to_text
-    from ..export.multimodal.hf import check_prompt
+    from ..export.hf.multimodal import check_prompt
     from ..export.multimodal.runtime import MultimodalGenerator
     from ..pte.devtools import DELEGATE, operator_times
     from ..export.llm.runtime import set_threads

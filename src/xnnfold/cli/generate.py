@@ -92,14 +92,14 @@ def _cmd_generate(args) -> int:
         set_threads(args.threads)
     if args.image is not None:
         from .generate_image import generate_with_image
-        return generate_with_image(args)
+        return generate_with_image(args, _tokenizer)
     try:
         try:
             generator = Generator(args.pte)
         except NotAGenerationProgram:
             if _has_methods(args.pte, "vision_encoder", "text_decoder"):   # a prompt without
                 from .generate_image import generate_with_image         # an image
-                return generate_with_image(args)
+                return generate_with_image(args, _tokenizer)
             if not _has_methods(args.pte, "encoder", "text_decoder"):
                 raise
             return _generate_seq2seq(args)

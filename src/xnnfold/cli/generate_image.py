@@ -33,14 +33,11 @@ def load_pixels(path: str):
     return value
 
 
-def prompt_tokens(args, generator) -> list:
-    """``--tokens`` as given, or ``--prompt`` encoded piece by piece around each
-    :data:`IMAGE_MARK`, which becomes the .pte's run of image tokens."""
-    from .generate import _tokenizer
-
+def prompt_tokens(args, generator, tokenizer) -> list:
+    """``--tokens`` as given, or ``--prompt`` encoded by ``tokenizer`` piece by piece around
+    each :data:`IMAGE_MARK`, which becomes the .pte's run of image tokens."""
     if args.prompt_ids is not None:
         return args.prompt_ids
-    tokenizer = _tokenizer(args)
     tokens = []
     for index, text in enumerate(args.prompt.split(IMAGE_MARK)):
         if index:
@@ -50,9 +47,9 @@ def prompt_tokens(args, generator) -> list:
     return tokens
 
 
-def generate_with_image(args) -> int:
+def generate_with_image(args, tokenizer_of) -> int:
+    """``tokenizer_of(args)``: the tokenizer to read and print text with, or None."""
     from ..export.multimodal.runtime import BadInput, MultimodalGenerator
-    from .generate import _tokenizer
 
     for name, default, option in (("temperature", 0.0, "--temperature"),
                                   ("top_p", 1.0, "--top-p"), ("seed", 0, "--seed")):
@@ -61,14 +58,15 @@ def generate_with_image(args) -> int:
     images = [] if args.image is None else [load_pixels(args.image)]
     try:
         generator = MultimodalGenerator(args.pte)
-        tokens = prompt_tokens(args, generator)
+        tokenizer = tokenizer_of(args)
+        tokens = prompt_tokens(args, generator, tokenizer)
         if args.warmup:       # the first calls set up XNNPACK's operators
             generator.generate(tokens, images, 1)
         run = generator.generate(tokens, images, args.max_new,
                                  stop_at_eos=not args.ignore_eos)
     except BadInput as error:
         raise UsageError(f"{args.pte}: {error}")
-    if args.prompt is not None:
-        print(_tokenizer(args).decode(run.tokens))
+    if tokenizer is not None:
+        print(tokenizer.decode(run.tokens))
     print(run.summary())
     return 0

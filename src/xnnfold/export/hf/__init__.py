@@ -79,7 +79,7 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
                                      max_cache, max_prefill, llm_kernels, quantize,
                                      plan.folder)
     elif plan.kind == IMAGE_TEXT:
-        from ..multimodal.hf import export_multimodal_generation
+        from .multimodal import export_multimodal_generation
         exported = export_multimodal_generation(model, output_path, compare, tokens, reps,
                                                 prefer, check, max_cache, max_prefill,
                                                 plan.folder)

@@ -1,7 +1,8 @@
 """A transformers vision-language model to the .pte executorch's ``MultimodalRunner`` runs
 (``executorch.extension.llm.runner``, in the wheel): three methods, the runner's names
-(:mod:`.export`), generation with them on the runtime, greedy, with its input checked
-(:mod:`.runtime`), and ``xnnfold hf``'s export and check of such a folder (:mod:`.hf`).
+(:mod:`.export`), and generation with them on the runtime, greedy, with its input checked
+(:mod:`.runtime`); ``xnnfold hf``'s export and check of such a folder is
+:mod:`xnnfold.export.hf.multimodal`.
 
 The names below import on first use (PEP 562): importing this package imports nothing heavy.
 """

@@ -1,12 +1,13 @@
-"""``xnnfold hf`` on an image-text-to-text folder (:data:`.export.SUPPORTED`): the .pte
+"""``xnnfold hf`` on an image-text-to-text folder (:data:`xnnfold.export.multimodal.export.
+SUPPORTED`): the .pte
 executorch's ``MultimodalRunner`` runs, written, checked against eager and, with ``--compare``,
 beside stock's lowering of the same programs, timed; the folder's tokenizer copied beside it
 and the runner's command lines printed.
 
 The check: one seeded random image, a prompt of ``--tokens`` random text tokens with the
 image's run of image tokens after the first, then
-:data:`~xnnfold.export.hf.plan.CHECK_STEPS` greedy steps (:class:`.runtime.MultimodalGenerator`,
-the runner's calls); the image's embeddings against eager's (``vision_encoder``), the
+:data:`~xnnfold.export.hf.plan.CHECK_STEPS` greedy steps (the runner's calls:
+:class:`~xnnfold.export.multimodal.runtime.MultimodalGenerator`); the image's embeddings against eager's (``vision_encoder``), the
 prompt's last logits (``prefill``) and each step's (``decode``) against eager transformers'
 logits of the whole sequence at once, with the image (no cache), each row at its own scale.
 """
@@ -19,10 +20,11 @@ from typing import Optional
 
 import torch
 
-from ..hf import plan as hf_plan, rows as hf_rows
+from . import plan as hf_plan, rows as hf_rows
 from ...usage import OptionError
 from ...pte.files import write_atomically
-from .export import TEXT_DECODER, VISION_ENCODER, ImageEmbeddings, export_image_text_to_text
+from ..multimodal.export import (TEXT_DECODER, VISION_ENCODER, ImageEmbeddings,
+                                 export_image_text_to_text)
 
 PHASES = (VISION_ENCODER, "prefill", "decode")
 
@@ -107,7 +109,7 @@ def export_multimodal_generation(model, output: Path, compare: bool, tokens: int
     """The .pte of ``model`` written to ``output``, checked; with ``compare``, stock's beside
     it, timed interleaved. ``folder``'s tokenizer files are copied beside ``output``."""
     from ...pte import STOCK, XNNFOLD
-    from .runtime import MultimodalGenerator
+    from ..multimodal.runtime import MultimodalGenerator
 
     name = type(model).__name__
     _check_room(model, tokens, max_cache, max_prefill)
@@ -155,7 +157,7 @@ def _check_room(model, tokens: int, max_cache: Optional[int], max_prefill: Optio
     """One line, before any export, when the check's prompt (its tokens, the image's
     embeddings, the decode steps) does not fit the cache."""
     from ..llm.sizes import cache_sizes, positions_of
-    from .export import image_size
+    from ..multimodal.export import image_size
 
     rows = cache_sizes(positions_of(model), max_cache, max_prefill)[0]
     with torch.no_grad():
