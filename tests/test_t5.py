@@ -64,11 +64,17 @@ def test_t5_tokens_equal_greedy_generate(t5_pte, length):
 
 
 def test_the_head_is_what_the_config_says(t5_pte):
-    """T5's tied table stored once, in the .ptd both the lookup and the head read; Flan-T5's
-    head a table of its own: no .ptd (and its input not scaled, as transformers loads it)."""
+    """T5's tied table stored once, in the .ptd that the decoder's lookup and head and the
+    encoder's lookup read; Flan-T5's head a table of its own: no .ptd (and its input not
+    scaled, as transformers loads it), the token table in the .pte."""
     variant, model, pte = t5_pte
-    assert pte.with_suffix(".ptd").is_file() == (variant == "t5")
+    table = model.shared.weight.detach().numpy().tobytes()
     assert model.config.scale_decoder_outputs == (variant == "t5")
+    assert pte.with_suffix(".ptd").is_file() == (variant == "t5")
+    assert (table in pte.read_bytes()) == (variant == "flan")
+    if variant == "t5":
+        ptd = pte.with_suffix(".ptd").read_bytes()
+        assert ptd.count(table) == 1 and len(ptd) < len(table) + 1024
 
 
 def test_generate_command_prints_generates_tokens(t5_pte, capsys):

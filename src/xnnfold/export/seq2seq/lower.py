@@ -7,10 +7,11 @@ head's in the delegate: whisper-tiny's .pte 230.6 MB for 151 MB of weights); as 
 weight of the head (``prefer="size"``) it is stored once but read three times per token (the
 table, then XNNPACK packs it anew, then the product reads the packed copy; or, swapped, a
 product that computes 16 columns for one). Here both readers take it from one buffer of a
-.ptd: the table is marked for it before partitioning (XNNPACK's serializer puts a constant
-whose node carries ``meta["custom"]["delegate_constant_tag"]`` in that external file, under
-the hash of its bytes; emission puts the lookup's constant there under ``external_constants``),
-and executorch's named data store keeps one buffer for identical bytes. At load, XNNPACK packs
+.ptd, and so does a text encoder's token lookup (BART's, T5's), which reads the same table:
+the table is marked for it before partitioning (XNNPACK's serializer puts a constant whose
+node carries ``meta["custom"]["delegate_constant_tag"]`` in that external file, under the hash
+of its bytes; emission puts the lookup's constant there under ``external_constants``), and
+executorch's named data store keeps one buffer for identical bytes. At load, XNNPACK packs
 the head from it once, as it packs any constant; the lookup reads its row from it. The runner
 passes the .ptd with the .pte (``whisper_runner --data_path``, ``Module(pte, ptd)``); a runner
 that does not fails to load the method, loudly.
@@ -18,6 +19,7 @@ that does not fails to load the method, loudly.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -41,14 +43,53 @@ def tied_tables(graph_module) -> list:
     return found
 
 
-def mark_tied_tables(graph_module):
-    """An edge transform pass: the tied tables marked for the .ptd."""
+def mark_tied_tables(graph_module, lookups: frozenset = frozenset()):
+    """An edge transform pass: the tied tables marked for the .ptd, and the placeholders named
+    in ``lookups`` that an embedding lookup reads (:func:`lookups_of_tied_tables`)."""
     from executorch.exir.pass_base import PassResult
 
-    found = tied_tables(graph_module)
+    found = tied_tables(graph_module) + [
+        node for node in graph_module.graph.nodes if node.op == "placeholder" and
+        node.name in lookups and any("embedding" in _name(user) for user in node.users)]
     for node in found:
         node.meta.setdefault("custom", {})["delegate_constant_tag"] = TABLE_TAG
     return PassResult(graph_module, bool(found))
+
+
+def _name(node) -> str:
+    return str(getattr(node.target, "__name__", node.target))
+
+
+def _tensor_of(program, name: str):
+    """The parameter or constant a placeholder of ``program`` (an ExportedProgram) holds."""
+    signature = program.graph_signature
+    if name in signature.inputs_to_parameters:
+        return program.state_dict.get(signature.inputs_to_parameters[name])
+    if name in signature.inputs_to_lifted_tensor_constants:
+        return program.constants.get(signature.inputs_to_lifted_tensor_constants[name])
+    return None
+
+
+def lookups_of_tied_tables(programs: dict) -> frozenset:
+    """Placeholders of any method that hold a tied table's tensor and that an embedding lookup
+    alone reads: a text encoder's token lookup (BART's, T5's), whose table is the decoder's tied
+    head. Marked too, they read the same buffer of the .ptd (the named data store keeps one
+    per content) instead of a copy of the table in the .pte."""
+    tables = set()
+    for program in programs.values():
+        for node in tied_tables(program.graph_module):
+            tensor = _tensor_of(program, node.name)
+            if tensor is not None:
+                tables.add(tensor.untyped_storage().data_ptr())
+    found = set()
+    for program in programs.values():
+        for node in program.graph_module.graph.nodes:
+            if node.op != "placeholder" or not any("embedding" in _name(u) for u in node.users):
+                continue
+            tensor = _tensor_of(program, node.name)
+            if tensor is not None and tensor.untyped_storage().data_ptr() in tables:
+                found.add(node.name)
+    return frozenset(found)
 
 
 def _to_ptd(node) -> Optional[str]:
@@ -97,7 +138,8 @@ def lower_seq2seq(programs, partitioner_class=None, partitioner_kwargs: Optional
     start = time.perf_counter()
     edge = to_edge_transform_and_lower(
         dict(programs.programs), partitioner={n: [p] for n, p in partitioners.items()},
-        transform_passes=[mark_tied_tables] if table_to_ptd else [],
+        transform_passes=[functools.partial(mark_tied_tables, lookups=lookups_of_tied_tables(
+            programs.programs))] if table_to_ptd else [],
         constant_methods=dict(programs.metadata))
     inspected = before_emit(edge) if before_emit is not None else None
     program = edge.to_executorch(emit_config(table_to_ptd))
