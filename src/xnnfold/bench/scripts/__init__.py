@@ -27,6 +27,7 @@ SCRIPTS = {
     "llm-families": "llm_families",
     "moe-decode": "moe_decode",
     "whisper": "whisper",
+    "t5": "t5",
     "hf-text-length": "hf_text_length",
     "llm-runner": "llm_runner",
     "llm-folder": "llm_folder",
