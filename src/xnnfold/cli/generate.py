@@ -13,7 +13,7 @@ from .command import Command, runtime_arguments
 
 def _generate_arguments(parser) -> None:
     parser.add_argument("pte", help="the generation .pte `xnnfold hf` wrote for a causal LM "
-                        "(one forward method), or for a text encoder-decoder model (BART: "
+                        "(one forward method), or for a text encoder-decoder model (BART, T5: "
                         "the prompt is the encoder's input), or for LLaVA (--image)")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the prompt's text, encoded by the tokenizer beside "
@@ -161,7 +161,7 @@ def _source_tokenizer(args):
 
 
 def _generate_seq2seq(args) -> int:
-    """An encoder-decoder .pte (BART...): the prompt (``--tokens``, or ``--prompt`` encoded by
+    """An encoder-decoder .pte (BART, T5...): the prompt (``--tokens``, or ``--prompt`` encoded by
     the tokenizer beside it, which `xnnfold hf` copies there) is the encoder's input; greedy
     tokens from the .pte's start token, printed as text too where there is a tokenizer."""
     import torch
