@@ -44,7 +44,7 @@ def _reference(state):
     return model
 
 
-def test_the_pte_read_back_from_the_file_is_executorchs_buffer():
+def test_the_pte_read_back_from_the_file_is_executorchs_buffer(tmp_path):
     from executorch.exir import to_edge_transform_and_lower
 
     from xnnfold.export.llm.export import GenerationPrograms, lower_generation
@@ -67,6 +67,10 @@ def test_the_pte_read_back_from_the_file_is_executorchs_buffer():
     again = to_edge_transform_and_lower({"forward": program},
                                         partitioner={"forward": [XnnpackPartitioner()]})
     assert lowered.pte == again.to_executorch(emit_config()).buffer
+    # given a file, the .pte is streamed into it and not returned
+    written = lower_generation(GenerationPrograms({"forward": program}),
+                               output=tmp_path / "m.pte")
+    assert written.pte is None and (tmp_path / "m.pte").read_bytes() == lowered.pte
 
 
 def test_a_pte_file_is_scanned_for_the_llm_kernels_a_chunk_at_a_time(tmp_path):
@@ -108,9 +112,10 @@ def test_the_written_pte_is_checked_from_its_file_with_the_program_dropped(tmp_p
             given.append(pte)
             assert not [o for o in gc.get_objects() if isinstance(o, Program)]
 
-    def lowered(gen, variant, prefer):
+    def lowered(gen, variant, prefer, output=None):
         order.append("lower")
-        return bytes(16), generation.MethodLowering(16, 0.0, [], 1, [])
+        output.write_bytes(bytes(16))            # the written variant: streamed into its file
+        return output, generation.MethodLowering(16, 0.0, [], 1, [])
 
     monkeypatch.setattr(llm, "export_causal_lm", exported)
     monkeypatch.setattr(llm, "Generator", Runtime)

@@ -27,7 +27,6 @@ import torch
 from ..adaptations import adaptations
 from . import plan as hf_plan, rows as hf_rows
 from .generation_check import EagerReference, check as _check, eager_reference
-from ...pte.files import write_atomically
 from ...pte.timing import medians_interleaved
 
 
@@ -46,8 +45,9 @@ class MethodLowering:
 XNNFOLD_LLM = "xnnfold-llm"
 
 
-def _lower(generation, variant: str, prefer: str) -> tuple:
-    """(.pte bytes, MethodLowering) of one variant (stock, xnnfold, xnnfold-llm)."""
+def _lower(generation, variant: str, prefer: str, output: Optional[Path] = None) -> tuple:
+    """(.pte bytes, MethodLowering) of one variant (stock, xnnfold, xnnfold-llm); with
+    ``output``, (``output``, MethodLowering): the .pte streamed into that file."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackPartitioner as StockXnnpackPartitioner,
     )
@@ -62,14 +62,17 @@ def _lower(generation, variant: str, prefer: str) -> tuple:
 
     start = time.perf_counter()
     if variant == STOCK:
-        lowered = lower_generation(generation, StockXnnpackPartitioner, before_emit=outside)
+        lowered = lower_generation(generation, StockXnnpackPartitioner, before_emit=outside,
+                                   output=output)
     else:
         lowered = lower_generation(generation, partitioner_kwargs={
-            "prefer": prefer, "llm_kernels": variant == XNNFOLD_LLM}, before_emit=outside)
+            "prefer": prefer, "llm_kernels": variant == XNNFOLD_LLM}, before_emit=outside,
+            output=output)
     seconds = time.perf_counter() - start
     ops, calls = lowered.inspected
-    return lowered.pte, MethodLowering(len(lowered.pte), seconds,
-                                       [op for op in ops if op in EDGE_GEMM_NAMES], calls, ops)
+    size = len(lowered.pte) if output is None else output.stat().st_size
+    return (lowered.pte if output is None else output), MethodLowering(
+        size, seconds, [op for op in ops if op in EDGE_GEMM_NAMES], calls, ops)
 
 
 def _time(generators: dict, prompt: list, steps: int, rounds: int, seed: int = 0) -> dict:
@@ -155,14 +158,16 @@ def export_generation(model, output: Path, compare: bool, tokens: int, reps: int
     vocab = generation.metadata["get_vocab_size"]
     prompt = torch.randint(0, vocab, (tokens,)).tolist()
     reference = eager_reference(model, prompt) if check else None
+    # the written variant last, streamed into its file (whole, or the name left as it was):
+    # its bytes are never in memory, and the name is untouched if another variant fails
     with hf_rows.failing_as_usage(f"lowering {name}'s forward"):
-        lowered = {variant: _lower(generation, variant, prefer) for variant in variants}
-    write_atomically(output, lowered[written][0])    # whole, or the name left as it was
+        lowered = {variant: _lower(generation, variant, prefer,
+                                   output if variant == written else None)
+                   for variant in variants}
     sized = (generation.max_prefill, generation.max_cache, generation.capped)
-    # what the check needs is the file and eager's reference: the program and the written
-    # .pte's bytes dropped before the runtime loads it (their memory would add to the load's)
+    # what the check needs is the file and eager's reference: the program dropped before the
+    # runtime loads the .pte (its memory would add to the load's)
     del generation
-    lowered[written] = (output, lowered[written][1])
     gc.collect()
     generators = {variant: Generator(pte) for variant, (pte, _) in lowered.items()}
     verdicts = {variant: _check(reference, g, quantize is not None) if check

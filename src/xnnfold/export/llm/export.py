@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ...pte.files import write_atomically
 from ...usage import first_line
 from ..experts import routed_experts
 from ..static_cache import with_static_cache
@@ -122,14 +123,14 @@ class LoweredGeneration:
     """The .pte of a :class:`GenerationPrograms`, each method's partitioner (xnnfold's holds
     its ``last_result``) and what ``before_emit`` returned."""
 
-    pte: bytes
+    pte: Optional[bytes]                  # None: written to lower_generation's output
     partitioners: dict                    # {method: its partitioner}
     inspected: object = None
 
 
 def lower_generation(generation: GenerationPrograms, partitioner_class=None,
                      partitioner_kwargs: Optional[dict] = None, before_emit=None,
-                     arenas_shared: bool = False) -> LoweredGeneration:
+                     arenas_shared: bool = False, output=None) -> LoweredGeneration:
     """The methods lowered in one ``to_edge_transform_and_lower`` (a partitioner each; by
     default xnnfold's :class:`~xnnfold.XnnpackPartitioner`), emitted with the quantized ops'
     kernels registered and, if there are several methods, their mutable buffers at one place
@@ -138,7 +139,9 @@ def lower_generation(generation: GenerationPrograms, partitioner_class=None,
     shares memory arenas between methods (``executorch.runtime.Runtime``) runs such a program
     right; executorch's LLM runner gives each method memory of its own and would read a cache
     another method wrote, silently. ``before_emit(edge)`` may read the lowered programs
-    (``edge.exported_program(method)``) before emission rewrites them."""
+    (``edge.exported_program(method)``) before emission rewrites them. ``output``: the .pte
+    written there (:func:`~xnnfold.pte.files.write_atomically`) as it is serialized, and not
+    returned (``pte`` None)."""
     from executorch.exir import to_edge_transform_and_lower
 
     import executorch.kernels.quantized  # noqa: F401 - a quantized program's out variants
@@ -167,6 +170,9 @@ def lower_generation(generation: GenerationPrograms, partitioner_class=None,
     # executorch's .buffer joins the serialized chunks into one bytes while they are alive: a
     # second .pte in memory at the export's peak. Streamed to a file and read back once the
     # chunks (and the lowered programs' copies of the weights) are dropped, it is there once.
+    if output is not None:             # streamed into its file, never whole in memory
+        write_atomically(output, program)
+        return LoweredGeneration(None, partitioners, inspected)
     with tempfile.TemporaryFile() as file:
         program.write_to_file(file)
         del program, edge
