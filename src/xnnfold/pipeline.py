@@ -36,7 +36,7 @@ from .errors import FoldError, StrictFallback, warn_or_raise
 from .graph.program_copy import copy_program
 from .result import FoldResult
 from .steps import (attention, canonical, dynamic_views, fold, gelu_tanh, kv_cache, mask_index,
-                    runtime_weight)
+                    powers, runtime_weight)
 from .steps.fold.probe.verified import Verification
 from .steps.fold.rows import row_of
 from .steps.fold.rules import DEFAULT_RULES, RuleSet
@@ -47,8 +47,8 @@ from .graph.validity import StepChecks, tidy
 logger = logging.getLogger("xnnfold")
 
 # The steps, in the order a program takes them.
-STEPS = (mask_index.STEP, kv_cache.STEP, attention.STEP, gelu_tanh.STEP, canonical.STEP,
-         fold.STEP, runtime_weight.STEP, dynamic_views.STEP)
+STEPS = (mask_index.STEP, kv_cache.STEP, attention.STEP, gelu_tanh.STEP, powers.STEP,
+         canonical.STEP, fold.STEP, runtime_weight.STEP, dynamic_views.STEP)
 # The steps that rewrite attention (``attention=False`` leaves it as stock decomposes it).
 ATTENTION_STEPS = (kv_cache.STEP.name, attention.STEP.name)
 

@@ -12,12 +12,14 @@
    portable), where that is exact; masked rows keep eager's zeros;
 4. :mod:`.gelu_tanh` — ``gelu(approximate="tanh")`` written out as mul/add/tanh (XNNPACK
    1.5.1 computes every GELU as the exact one);
-5. :mod:`.canonical` — GEMMs with a transposed weight (``addmm(b, x, W.t())``, ``x @ W.T``)
+5. :mod:`.powers` — ``pow(x, 3)`` and ``pow(x, 2.0)`` written as the products torch's CPU
+   kernel computes (XNNPACK 1.5.1 takes only the integer square);
+6. :mod:`.canonical` — GEMMs with a transposed weight (``addmm(b, x, W.t())``, ``x @ W.T``)
    rewritten as ``linear``, so that one constant serves every form;
-6. :mod:`.projections` — MHA's packed in-projection split into one linear per part;
-7. :mod:`.fold` — the static computation of each GEMM's weight and bias, planned in groups,
+7. :mod:`.projections` — MHA's packed in-projection split into one linear per part;
+8. :mod:`.fold` — the static computation of each GEMM's weight and bias, planned in groups,
    judged by :mod:`.fold.rules` and the probe (:mod:`.fold.probe`), folded into constants;
-8. :mod:`.runtime_weight` — the linears whose weight cannot be a plain constant, marked to be
+9. :mod:`.runtime_weight` — the linears whose weight cannot be a plain constant, marked to be
    delegated with a run-time weight.
 
 Each step is a module named after it; ``explain`` names the step that changed each GEMM. What
