@@ -153,7 +153,7 @@ def test_kdim_vdim():
     assert len(checked.stock.gemms_outside) == 3
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("norm_first", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_decoder_layer(norm_first):
     case = models.decoder_case(norm_first=norm_first)
     checked = check_lowering(case.model, case.inputs, ideal=case.ideal)

@@ -217,9 +217,11 @@ ASKED_CACHE, CACHE_ROWS = {"qwen2": 1024}, {"qwen2": 64}
 
 
 # In the slow set: the quantized exports (the longest of the set: 170 s for 8da4w on a loaded
-# machine; tests/unit/test_llm_generation_parts.py checks the quantization itself) and Phi-3
-# (its fused projections are the fold's, tested on their own; ~35 s of make test's 15 minutes)
-SLOW = {*QUANTIZED, "phi3"}
+# machine; tests/unit/test_llm_generation_parts.py checks the quantization itself), Phi-3
+# (its fused projections are the fold's, tested on their own; ~35 s of make test's 15 minutes),
+# Qwen2 and Gemma3 (~20 and ~27 s: the KV-cache step on both is in test_kv_cache, Gemma's
+# tanh GELU in test_exact_gelu)
+SLOW = {*QUANTIZED, "phi3", "qwen2", "gemma3"}
 
 
 @pytest.fixture(scope="module", params=[

@@ -57,7 +57,8 @@ def check(lm, llm_kernels=False, tol=None, masks=1):
 TOLERANCE = {"gemma": 5e-5}
 
 
-# qwen2 and phi3 also generate 32 tokens through the step in test_hf.py; smollm is llama's code
+# qwen2 and phi3 also generate 32 tokens through the step in test_hf.py (its slow set too);
+# smollm is llama's code
 @pytest.mark.parametrize("arch", ["llama", "gemma", *(pytest.param(a, marks=pytest.mark.slow)
                                                       for a in ("qwen2", "phi3", "smollm"))])
 def test_transformers_decode(arch):
@@ -65,13 +66,16 @@ def test_transformers_decode(arch):
     check(decoder_lm.transformers_lm(arch, DIMS), tol=TOLERANCE.get(arch))
 
 
-@pytest.mark.parametrize("arch", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])
+# in the slow set: the LLM kernels are in make test through test_hf's llama-llm-kernels export
+@pytest.mark.parametrize("arch", [pytest.param("llama", marks=pytest.mark.slow),
+                                  pytest.param("qwen2", marks=pytest.mark.slow)])
 def test_transformers_decode_llm_kernels(arch):
     seed_everything(arch)
     check(decoder_lm.transformers_lm(arch, DIMS), llm_kernels=True)
 
 
-@pytest.mark.parametrize("llm_kernels", [False, True], ids=["default", "llm-kernels"])
+@pytest.mark.parametrize("llm_kernels", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["default", "llm-kernels"])
 def test_executorch_example_llama(llm_kernels):
     """executorch's example Llama with its plain KV cache and SDPA (index_put_, a causal mask
     buffer indexed at the position, repeat_interleave)."""

@@ -132,7 +132,9 @@ def test_a_gate_xnnpack_cannot_take_leaves_each_gemm_a_delegate():
             assert torch.allclose(expert(x), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("llm_kernels", [False, pytest.param(True, marks=pytest.mark.slow)],
+# both in the slow set (~45 s each): the experts' conds are in make test through the fixture above
+@pytest.mark.parametrize("llm_kernels", [pytest.param(False, marks=pytest.mark.slow),
+                                         pytest.param(True, marks=pytest.mark.slow)],
                          ids=["default", "llm-kernels"])
 def test_routed_experts_beside_a_kv_cache_attention(llm_kernels):
     """Mixtral (tiny dims): its attention over the cache (the KV-cache step's) beside the routed

@@ -40,7 +40,7 @@ def whisper_encoder(attention: str):
 
 # each mode with one attention form in make test, the other two in the slow set
 @pytest.mark.parametrize("mode, attention", [
-    ("static", "sdpa"), ("dynamic", "eager"),
+    ("static", "sdpa"), pytest.param("dynamic", "eager", marks=pytest.mark.slow),
     pytest.param("static", "eager", marks=pytest.mark.slow),
     pytest.param("dynamic", "sdpa", marks=pytest.mark.slow)])
 def test_quantized_whisper_encoder(mode, attention):
@@ -73,8 +73,7 @@ CASES = {
 
 
 # each case in one mode in make test (both modes of the decoder layer), the rest in the slow set
-IN_MAKE_TEST = {("static", "cross"), ("static", "decoder-layer"), ("dynamic", "self"),
-                ("dynamic", "kdim-vdim"), ("dynamic", "decoder-layer")}
+IN_MAKE_TEST = {("static", "decoder-layer"), ("dynamic", "self"), ("dynamic", "kdim-vdim")}
 
 
 @pytest.mark.parametrize("mode, case", [
