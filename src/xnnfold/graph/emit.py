@@ -98,3 +98,33 @@ class Emitter:
         return node
 
 
+
+
+def replace_each(graph: torch.fx.Graph, sites, left_because, write, record, what: str) -> list:
+    """Replace each node of ``sites`` by what ``write(emit, node)`` builds before it (its last
+    node), unless ``left_because(node)`` gives a reason; ``record(node_name, reason)`` (None when
+    replaced) makes each site's record. A failure on one site discards what was built for it,
+    warns once naming it (``what``, the node) and leaves it as stock has it."""
+    import logging
+
+    from ..errors import warn_or_raise
+
+    records = []
+    for node in list(sites):
+        name, emit = node.name, None
+        try:
+            reason = left_because(node)
+            if reason is None:
+                emit = Emitter(graph, node)
+                written = write(emit, node)
+        except Exception as error:  # noqa: BLE001 - this site stays as stock has it
+            if emit is not None:
+                emit.discard()
+            reason = (f"internal failure, left as stock leaves it: "
+                      f"{type(error).__name__}: {error}")
+            warn_or_raise(logging.getLogger("xnnfold"), "xnnfold: %s %r %s", what, name, reason)
+        if reason is None:
+            node.replace_all_uses_with(written)
+            graph.erase_node(node)
+        records.append(record(name, reason))
+    return records

@@ -16,7 +16,6 @@ dequantize and a quantize (a quantized pattern XNNPACK matches as a whole).
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 
@@ -26,12 +25,10 @@ from torch.export import ExportedProgram
 
 from ..analysis import is_dequantize
 from ..analysis.gemms import op_name
-from ..errors import warn_or_raise
-from ..graph.emit import Emitter
+from ..graph.emit import Emitter, replace_each
 from ..graph.node_meta import tensor_val
 from .protocol import Context, Outcome
 
-logger = logging.getLogger("xnnfold")
 aten = torch.ops.aten
 # torch's constants (aten/src/ATen/native/cpu/Activation.cpp, GeluKernelImpl)
 BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5
@@ -93,30 +90,13 @@ def rewrite_tanh_gelus(program: ExportedProgram) -> list:
     """Rewrite, in place, every fp32 ``gelu(approximate="tanh")`` of ``program`` (the pass's
     own copy, ATen dialect) that XNNPACK would take; a :class:`TanhGeluRewrite` for each such
     GELU, rewritten or not. A failure on one GELU leaves only it as stock has it."""
-    graph, records = program.graph, []
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten.gelu.default or \
-                _approximation(node) != "tanh":
-            continue
-        name, emit = node.name, None
-        try:
-            reason = _left_because(node)
-            if reason is None:
-                emit = Emitter(graph, node)
-                written = _write_out(emit, node.args[0])
-        except Exception as error:  # noqa: BLE001 - this GELU stays as stock has it
-            if emit is not None:
-                emit.discard()
-            reason = (f"internal failure, left as stock leaves it: "
-                      f"{type(error).__name__}: {error}")
-            warn_or_raise(logger, "xnnfold: gelu %r %s", name, reason)
-        if reason is None:
-            node.replace_all_uses_with(written)
-            graph.erase_node(node)
-            records.append(TanhGeluRewrite(name, True))
-            continue
-        records.append(TanhGeluRewrite(name, False, reason))
-    return records
+    sites = [node for node in program.graph.nodes
+             if node.op == "call_function" and node.target is aten.gelu.default and
+             _approximation(node) == "tanh"]
+    return replace_each(program.graph, sites, _left_because,
+                        lambda emit, node: _write_out(emit, node.args[0]),
+                        lambda name, reason: TanhGeluRewrite(name, reason is None, reason or ""),
+                        "gelu")
 
 
 class GeluTanhStep:

@@ -14,19 +14,16 @@ Other exponents, other dtypes and the integer 2 (XNNPACK's own) are left as they
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from ..errors import warn_or_raise
-from ..graph.emit import Emitter
+from ..graph.emit import Emitter, replace_each
 from ..graph.node_meta import tensor_val
 from .protocol import Context, Outcome
 
-logger = logging.getLogger("xnnfold")
 aten = torch.ops.aten
 
 
@@ -74,33 +71,18 @@ def write_powers_as_products(program: ExportedProgram) -> list:
     """Write, in place, every fp32 ``pow(x, 3)`` and ``pow(x, 2.0)`` of ``program`` (the pass's
     own copy, ATen dialect) as ``mul`` nodes; a :class:`PowerRewrite` for each. A failure on
     one node leaves only it as stock has it."""
-    graph, records = program.graph, []
-    for node in list(graph.nodes):
-        exponent = _exponent(node)
-        if exponent is None:
-            continue
-        name, emit = node.name, None
-        try:
-            reason = _left_because(node)
-            if reason is None:
-                emit = Emitter(graph, node)
-                x = node.args[0]
-                written = emit(aten.mul.Tensor, x, x)
-                if exponent == 3:
-                    written = emit(aten.mul.Tensor, written, x)
-        except Exception as error:  # noqa: BLE001 - this node stays as stock has it
-            if emit is not None:
-                emit.discard()
-            reason = (f"internal failure, left as stock leaves it: "
-                      f"{type(error).__name__}: {error}")
-            warn_or_raise(logger, "xnnfold: pow %r %s", name, reason)
-        if reason is None:
-            node.replace_all_uses_with(written)
-            graph.erase_node(node)
-            records.append(PowerRewrite(name, exponent, True))
-            continue
-        records.append(PowerRewrite(name, exponent, False, reason))
-    return records
+    exponents = {node: _exponent(node) for node in program.graph.nodes}
+    sites = [node for node, exponent in exponents.items() if exponent is not None]
+
+    def write(emit: Emitter, node: torch.fx.Node) -> torch.fx.Node:
+        x = node.args[0]
+        written = emit(aten.mul.Tensor, x, x)
+        return emit(aten.mul.Tensor, written, x) if exponents[node] == 3 else written
+
+    names = {node.name: exponents[node] for node in sites}
+    return replace_each(program.graph, sites, _left_because, write,
+                        lambda name, reason: PowerRewrite(name, names[name], reason is None,
+                                                          reason or ""), "pow")
 
 
 class PowersStep:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -187,26 +187,37 @@ class Generator:
         start = time.perf_counter()
         logits = self.prefill(prompt)
         prefill_seconds = time.perf_counter() - start
-        tokens, kept, steps, decode_seconds = [], [], 0, 0.0
-        position, stopped = len(prompt), False
+        return decode(prompt, logits, prefill_seconds, self.step, pick, max_new,
+                      self.eos_ids if stop_at_eos else (), keep_logits)
+
+
+def decode(prompt: list, logits: torch.Tensor, prefill_seconds: float, step, pick,
+           max_new: int, eos_ids=(), keep_logits: bool = False,
+           position: Optional[int] = None) -> Generation:
+    """The decode loop after a prefill that gave ``logits`` for its last position:
+    ``step(token, position)`` gives the next logits, ``pick`` the token, until ``max_new``
+    tokens or one of ``eos_ids``; the first step at ``position`` (the prompt's length unless
+    given)."""
+    tokens, kept, steps, decode_seconds = [], [], 0, 0.0
+    position, stopped = len(prompt) if position is None else position, False
+    token = pick(logits)
+    while True:
+        tokens.append(token)
+        if keep_logits:
+            kept.append(logits)
+        if token in eos_ids:
+            stopped = True
+            break
+        if len(tokens) == max_new:
+            break
+        # a step's time is its call and the pick of its token, as the runner's Stats
+        start = time.perf_counter()
+        logits = step(token, position)
         token = pick(logits)
-        while True:
-            tokens.append(token)
-            if keep_logits:
-                kept.append(logits)
-            if stop_at_eos and token in self.eos_ids:
-                stopped = True
-                break
-            if len(tokens) == max_new:
-                break
-            # a step's time is its call and the pick of its token, as the runner's Stats
-            start = time.perf_counter()
-            logits = self.step(token, position)
-            token = pick(logits)
-            decode_seconds += time.perf_counter() - start
-            steps += 1
-            position += 1
-        return Generation(prompt, tokens, prefill_seconds, decode_seconds, steps, stopped, kept)
+        decode_seconds += time.perf_counter() - start
+        steps += 1
+        position += 1
+    return Generation(prompt, tokens, prefill_seconds, decode_seconds, steps, stopped, kept)
 
 
 def generate(pte: Union[bytes, str, Path], prompt: Sequence[int], max_new: int,

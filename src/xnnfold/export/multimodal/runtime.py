@@ -20,7 +20,7 @@ from typing import Sequence, Union
 import torch
 
 from ...pte.runner import method_constant, verified_program
-from ..llm.runtime import Generation
+from ..llm.runtime import Generation, decode
 from ..llm.sampling import GREEDY
 from .export import TEXT_DECODER, TOKEN_EMBEDDING, VISION_ENCODER
 
@@ -151,21 +151,6 @@ class MultimodalGenerator:
         start = time.perf_counter()
         logits, position = self.prefill(pieces)
         prefill_seconds = time.perf_counter() - start
-        new, kept, decode_seconds, stopped = [], [], 0.0, False
-        token = pick(logits)
-        while True:
-            new.append(token)
-            if keep_logits:
-                kept.append(logits)
-            if stop_at_eos and token in self.eos_ids:
-                stopped = True
-                break
-            if len(new) == max_new:
-                break
-            start = time.perf_counter()
-            logits = self.decode(self.embed([token]), position)
-            token = pick(logits)
-            decode_seconds += time.perf_counter() - start
-            position += 1
-        return Generation([int(t) for t in tokens], new, prefill_seconds, decode_seconds,
-                          len(new) - 1, stopped, kept)
+        return decode([int(t) for t in tokens], logits, prefill_seconds,
+                      lambda token, at: self.decode(self.embed([token]), at), pick, max_new,
+                      self.eos_ids if stop_at_eos else (), keep_logits, position)
