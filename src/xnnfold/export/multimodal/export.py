@@ -34,11 +34,9 @@ from ..static_cache import with_static_cache
 
 VISION_ENCODER, TOKEN_EMBEDDING, TEXT_DECODER = "vision_encoder", "token_embedding", \
     "text_decoder"
-# The classes exported, and what each one's vision part is read from.
-SUPPORTED = ("LlavaForConditionalGeneration",)
 
 
-class ImageEmbeddings(nn.Module):
+class LlavaImageEmbeddings(nn.Module):
     """LLaVA's image features as its ``forward`` places them: ``get_image_features`` with the
     config's feature layer and selection strategy, one image, (1, N, hidden)."""
 
@@ -53,6 +51,46 @@ class ImageEmbeddings(nn.Module):
             pixel_values, vision_feature_layer=self.layer,
             vision_feature_select_strategy=self.strategy).pooler_output
         return features[0].unsqueeze(0)
+
+    @staticmethod
+    def model_pixels(images: torch.Tensor) -> torch.Tensor:
+        """``images`` (K, C, H, W) as the model's ``forward`` takes them."""
+        return images
+
+
+class SmolVLMImageEmbeddings(nn.Module):
+    """SmolVLM's (idefics3's) features of one image of the config's size, (1, N, hidden): the
+    SigLIP vision model over all its patches, the pixel-shuffle connector and projection. Its
+    processor cuts an image into such crops plus a global one (or, without splitting, resizes
+    it to one); ``get_image_features`` encodes each alone, with every patch attended (one
+    image, no padding), and drops an all-zero crop, which a normalized image never is."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.vision = model.model.vision_model
+        self.connector = model.model.connector
+
+    def forward(self, pixel_values):
+        return self.connector(self.vision(pixel_values=pixel_values).last_hidden_state)
+
+    @staticmethod
+    def model_pixels(images: torch.Tensor) -> torch.Tensor:
+        """``images`` (K, C, H, W) as the model's ``forward`` takes them: (1, K, C, H, W)."""
+        return images.unsqueeze(0)
+
+
+# The classes exported: the image embeddings (the runner's vision_encoder), and the attribute
+# of ``model.model`` that is the text model. Both text models attend causally over the image's
+# tokens (Gemma3's do not: docs/multimodal.md).
+_FAMILIES = {"LlavaForConditionalGeneration": (LlavaImageEmbeddings, "language_model"),
+             "SmolVLMForConditionalGeneration": (SmolVLMImageEmbeddings, "text_model")}
+SUPPORTED = tuple(_FAMILIES)
+
+
+def image_embeddings(model: nn.Module) -> nn.Module:
+    """The module computing one image's embeddings for ``model``, in eval mode."""
+    check_supported(model)
+    return _FAMILIES[type(model).__name__][0](model).eval()
 
 
 def check_supported(model: nn.Module) -> None:
@@ -72,7 +110,7 @@ def text_causal_lm(model: nn.Module) -> nn.Module:
     config = model.config.get_text_config()
     with torch.device("meta"):
         causal = AutoModelForCausalLM.from_config(config)
-    causal.model = model.model.language_model
+    causal.model = getattr(model.model, _FAMILIES[type(model).__name__][1])
     causal.lm_head = model.lm_head
     left = [name for name, p in causal.named_parameters() if p.is_meta]
     if left:
@@ -99,24 +137,41 @@ def export_image_text_to_text(model: nn.Module, max_cache: Optional[int] = None,
     :class:`~xnnfold.export.llm.export.CannotExport`."""
     check_supported(model)
     causal = text_causal_lm(model)
-    vision = ImageEmbeddings(model).eval()
+    vision = image_embeddings(model)
     pixels = torch.randn(1, *image_size(model))
     with torch.no_grad():
         tokens_of_image = int(vision(pixels).shape[1])
+    generation = export_text_methods(model, causal, tokens_of_image, max_cache, max_prefill,
+                                     "an image's")
+    with torch.no_grad(), _named_failures(model):
+        encoder = torch.export.export(vision, (pixels,), strict=True)
+    generation.programs = {VISION_ENCODER: encoder, **generation.programs}
+    generation.metadata.update(
+        get_image_token_id=int(model.config.image_token_id), get_image_tokens=tokens_of_image,
+        get_image_size=list(image_size(model)))
+    return generation
+
+
+def export_text_methods(model: nn.Module, causal: nn.Module, encoded: int,
+                        max_cache: Optional[int], max_prefill: Optional[int],
+                        what: str) -> GenerationPrograms:
+    """``token_embedding`` and ``text_decoder`` of ``causal`` (:func:`text_causal_lm` of
+    ``model``) and the text .pte's constant methods. The runner prefills an encoder's
+    ``encoded`` embeddings (``what``: whose, for the message) in one call: ``max_prefill``
+    (default: 128 or ``encoded``, the larger) below them raises ``ValueError`` (one line),
+    before any export."""
     capped: list = []
     asked = max_prefill
     max_cache, max_prefill = sizes(causal, max_cache, max_prefill, capped)
-    if asked is None:              # the default prefill grows to take the image
-        max_prefill = min(max(max_prefill, tokens_of_image), max_cache)
-    if max_prefill < tokens_of_image:
+    if asked is None:              # the default prefill grows to take the encoder's output
+        max_prefill = min(max(max_prefill, encoded), max_cache)
+    if max_prefill < encoded:
         raise ValueError(f"{'max_cache' if asked is None else 'max_prefill'} {max_prefill}: "
-                         f"the runner prefills an image's {tokens_of_image} embeddings in one "
-                         "call")
+                         f"the runner prefills {what} {encoded} embeddings in one call")
     hidden = int(causal.config.hidden_size)
     length = torch.export.Dim("tokens", min=1, max=max_prefill)
     example = min(4, max_prefill)
     with torch.no_grad(), _named_failures(model):
-        encoder = torch.export.export(vision, (pixels,), strict=True)
         embedding = torch.export.export(causal.get_input_embeddings(), (
             torch.zeros(1, example, dtype=torch.long),), dynamic_shapes=({1: length},),
             strict=True)
@@ -126,11 +181,9 @@ def export_image_text_to_text(model: nn.Module, max_cache: Optional[int] = None,
                           "cache_position": torch.arange(example)},
             dynamic_shapes={"inputs_embeds": {1: length}, "cache_position": {0: length}},
             strict=True)
-    metadata = runner_metadata(causal, max_cache, max_prefill)
-    metadata.update(get_image_token_id=int(model.config.image_token_id),
-                    get_image_tokens=tokens_of_image, get_image_size=list(image_size(model)))
-    return GenerationPrograms({VISION_ENCODER: encoder, TOKEN_EMBEDDING: embedding,
-                               TEXT_DECODER: decoder}, metadata, max_cache, max_prefill, capped)
+    return GenerationPrograms({TOKEN_EMBEDDING: embedding, TEXT_DECODER: decoder},
+                              runner_metadata(causal, max_cache, max_prefill), max_cache,
+                              max_prefill, capped)
 
 
 def image_text_to_pte(model: nn.Module, max_cache: Optional[int] = None,
