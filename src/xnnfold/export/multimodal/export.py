@@ -101,16 +101,17 @@ def check_supported(model: nn.Module) -> None:
                          f"{', '.join(SUPPORTED)}")
 
 
-def text_causal_lm(model: nn.Module) -> nn.Module:
+def text_causal_lm(model: nn.Module, text_model: Optional[str] = None) -> nn.Module:
     """The text model of ``model`` as the causal LM of its text config (``...ForCausalLM``),
-    built on the meta device and given ``model``'s language model and head: the weights are
+    built on the meta device and given ``model``'s language model (``model.model``'s
+    attribute ``text_model``; by default the image family's) and head: the weights are
     shared, not copied; ``model`` is not changed."""
     from transformers import AutoModelForCausalLM
 
     config = model.config.get_text_config()
     with torch.device("meta"):
         causal = AutoModelForCausalLM.from_config(config)
-    causal.model = getattr(model.model, _FAMILIES[type(model).__name__][1])
+    causal.model = getattr(model.model, text_model or _FAMILIES[type(model).__name__][1])
     causal.lm_head = model.lm_head
     left = [name for name, p in causal.named_parameters() if p.is_meta]
     if left:
