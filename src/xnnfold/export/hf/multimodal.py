@@ -23,8 +23,8 @@ import torch
 from . import plan as hf_plan, rows as hf_rows
 from ...usage import OptionError
 from ...pte.files import write_atomically
-from ..multimodal.export import (TEXT_DECODER, VISION_ENCODER, ImageEmbeddings,
-                                 export_image_text_to_text)
+from ..multimodal.export import (TEXT_DECODER, VISION_ENCODER, export_image_text_to_text,
+                                 image_embeddings)
 
 PHASES = (VISION_ENCODER, "prefill", "decode")
 
@@ -78,9 +78,11 @@ def check(model, generator, ids: list, image: torch.Tensor) -> tuple:
 
     run = generator.generate(ids, [image], hf_plan.CHECK_STEPS + 1, stop_at_eos=False,
                              keep_logits=True)
+    vision = image_embeddings(model)
     with torch.no_grad():
-        embeddings = ImageEmbeddings(model)(image)
-        eager = model(input_ids=torch.tensor([ids + run.tokens[:-1]]), pixel_values=image,
+        embeddings = vision(image)
+        eager = model(input_ids=torch.tensor([ids + run.tokens[:-1]]),
+                      pixel_values=vision.model_pixels(image),
                       use_cache=False).logits[0, len(ids) - 1:]
     got = torch.cat(run.logits)
     return (compare_outputs(generator.encode_image(image)[0], embeddings[0], per_row=True),
@@ -161,7 +163,7 @@ def _check_room(model, tokens: int, max_cache: Optional[int], max_prefill: Optio
 
     rows = cache_sizes(positions_of(model), max_cache, max_prefill)[0]
     with torch.no_grad():
-        image_tokens = int(ImageEmbeddings(model)(torch.zeros(1, *image_size(model))).shape[1])
+        image_tokens = int(image_embeddings(model)(torch.zeros(1, *image_size(model))).shape[1])
     if tokens + image_tokens + hf_plan.CHECK_STEPS > rows:
         raise OptionError(f"`tokens` {tokens}: the check runs {tokens} + the image's "
                           f"{image_tokens} + {hf_plan.CHECK_STEPS} positions, the cache has "

@@ -20,7 +20,7 @@ CAUSAL_LM, WHISPER, SEQ2SEQ, TEXT_LOGITS, IMAGE_LOGITS, CLIP, TEXT_BASE, VISION_
     "causal-lm", "whisper", "seq2seq", "text-logits", "image-logits", "clip", "text", "vision")
 # an image-text-to-text model, for executorch's MultimodalRunner (xnnfold.export.multimodal)
 IMAGE_TEXT = "image-text-to-text"
-IMAGE_TEXT_CLASSES = ("LlavaForConditionalGeneration",)
+IMAGE_TEXT_CLASSES = ("LlavaForConditionalGeneration", "SmolVLMForConditionalGeneration")
 # why a vision-language family has none (docs/multimodal.md), by model type
 _NO_IMAGE_TEXT = {"gemma3": "its image tokens attend to each other both ways in transformers' "
                   "prefill, and executorch's MultimodalRunner calls text_decoder(embeddings, "

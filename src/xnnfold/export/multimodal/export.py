@@ -63,20 +63,56 @@ class SmolVLMImageEmbeddings(nn.Module):
     SigLIP vision model over all its patches, the pixel-shuffle connector and projection. Its
     processor cuts an image into such crops plus a global one (or, without splitting, resizes
     it to one); ``get_image_features`` encodes each alone, with every patch attended (one
-    image, no padding), and drops an all-zero crop, which a normalized image never is."""
+    image, no padding), and drops an all-zero crop, which a normalized image never is.
+
+    The patches' position ids are computed from the patch mask with ``bucketize``, which is
+    not a core ATen op (no executorch lowering takes it): for a full image they do not depend
+    on the pixels, so they are read once from transformers' own embeddings (what their
+    position lookup receives for an image of this size) and kept as a constant; when they
+    are every position in order, the table itself is added (the same values, no lookup)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.vision = model.model.vision_model
         self.connector = model.model.connector
+        config = self.vision.config
+        self.register_buffer("position_ids", _position_ids(self.vision, config),
+                             persistent=False)
+        self.in_order = bool(torch.equal(self.position_ids[0], torch.arange(
+            self.vision.embeddings.num_positions)))
 
     def forward(self, pixel_values):
-        return self.connector(self.vision(pixel_values=pixel_values).last_hidden_state)
+        embeddings = self.vision.embeddings
+        patches = embeddings.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
+        table = embeddings.position_embedding
+        hidden = patches + (table.weight.unsqueeze(0) if self.in_order else
+                            table(self.position_ids))
+        hidden = self.vision.encoder(inputs_embeds=hidden).last_hidden_state
+        return self.connector(self.vision.post_layernorm(hidden))
 
     @staticmethod
     def model_pixels(images: torch.Tensor) -> torch.Tensor:
         """``images`` (K, C, H, W) as the model's ``forward`` takes them: (1, K, C, H, W)."""
         return images.unsqueeze(0)
+
+
+def _position_ids(vision: nn.Module, config) -> torch.Tensor:
+    """(1, patches): the ids SmolVLM's vision embeddings look up for a full image of the
+    config's size, as they compute them (a hook on their lookup for one call, removed)."""
+    size = config.image_size
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    patch = config.patch_size
+    seen = []
+    hook = vision.embeddings.position_embedding.register_forward_hook(
+        lambda module, args, output: seen.append(args[0].clone()))
+    try:
+        with torch.no_grad():
+            vision.embeddings(pixel_values=torch.zeros(1, config.num_channels, height, width),
+                              patch_attention_mask=torch.ones(
+                                  1, height // patch, width // patch, dtype=torch.bool))
+    finally:
+        hook.remove()
+    return seen[0]
 
 
 # The classes exported: the image embeddings (the runner's vision_encoder), and the attribute
