@@ -115,6 +115,11 @@ class MultimodalGenerator:
         (embeddings,) = self._methods[VISION_ENCODER].execute((image,))
         return embeddings
 
+    def encode(self, kind: str, value: torch.Tensor) -> torch.Tensor:
+        """The embeddings of a piece that is not tokens (here an image; an audio .pte's
+        generator encodes its own kind)."""
+        return self.encode_image(value)
+
     def decode(self, embeddings: torch.Tensor, start: int) -> torch.Tensor:
         """``embeddings`` (1, T, hidden) into the cache from ``start``; the last one's logits,
         (1, V)."""
@@ -127,7 +132,7 @@ class MultimodalGenerator:
         """(the last position's logits, the positions written)."""
         position, logits = 0, None
         for kind, value in pieces:
-            embeddings = self.encode_image(value) if kind == "image" else self.embed(value)
+            embeddings = self.embed(value) if kind == "tokens" else self.encode(kind, value)
             chunk = self.max_prefill if kind == "tokens" else int(embeddings.shape[1])
             for offset in range(0, int(embeddings.shape[1]), chunk):
                 part = embeddings[:, offset:offset + chunk]
