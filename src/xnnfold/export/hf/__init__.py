@@ -17,7 +17,8 @@ from config.json alone, before torch, transformers or the weights load (:func:`p
   ``OUT.ptd`` beside it;
 - an image-text-to-text model (LLaVA): the .pte executorch's ``MultimodalRunner`` runs,
   methods ``vision_encoder``, ``token_embedding``, ``text_decoder``
-  (:mod:`xnnfold.export.multimodal`), the folder's tokenizer copied beside it;
+  (:mod:`xnnfold.export.multimodal`), the folder's tokenizer copied beside it; an
+  audio-text-to-text model (Voxtral) the same way with ``audio_encoder`` (:mod:`.audio`);
 - ``--no-cache``, and a seq2seq model whose cross-attention is neither: the encoder (Whisper:
   a full window; text: ``input_ids`` + ``attention_mask``) and one decoder step (``--tokens``
   tokens over the encoder's states, logits), ``OUT.encoder.pte`` and ``OUT.decoder.pte``;
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...usage import OptionError, UsageError
-from .plan import CAUSAL_LM, IMAGE_TEXT, SEQ2SEQ, WHISPER, Plan
+from .plan import AUDIO_TEXT, CAUSAL_LM, IMAGE_TEXT, MULTIMODAL, SEQ2SEQ, WHISPER, Plan
 from .rows import Exported, failing_as_usage, pte_path, ratios, row
 
 
@@ -83,6 +84,10 @@ def export_folder(plan: Plan, output: str, compare: bool = False, tokens: int = 
         exported = export_multimodal_generation(model, output_path, compare, tokens, reps,
                                                 prefer, check, max_cache, max_prefill,
                                                 plan.folder)
+    elif plan.kind == AUDIO_TEXT:
+        from .audio import export_audio_generation
+        exported = export_audio_generation(model, output_path, compare, tokens, reps, prefer,
+                                           check, max_cache, max_prefill, plan.folder)
     elif plan.kind in (WHISPER, SEQ2SEQ) and cache and _cross_attention(model):
         from .seq2seq import export_seq2seq_generation
         exported = export_seq2seq_generation(model, output_path, plan.folder, compare, tokens,
@@ -131,7 +136,7 @@ def check_generation_options(plan: Plan, output: str, cache: bool, quantize: Opt
                           f"({plan.architecture}{' with `cache=False`' if not cache else ''}); "
                           "`xnnfold lower --quantize` quantizes other programs")
     # the tokenizer goes beside the .pte
-    if generation or (plan.kind in (SEQ2SEQ, IMAGE_TEXT) and cache):
+    if generation or (plan.kind in (SEQ2SEQ, *MULTIMODAL) and cache):
         conflicts = copy_conflicts(plan.folder, Path(output).parent)
         if conflicts:
             raise UsageError(f"{conflicts[0]} exists and is not {plan.folder}'s tokenizer: "

@@ -21,6 +21,11 @@ CAUSAL_LM, WHISPER, SEQ2SEQ, TEXT_LOGITS, IMAGE_LOGITS, CLIP, TEXT_BASE, VISION_
 # an image-text-to-text model, for executorch's MultimodalRunner (xnnfold.export.multimodal)
 IMAGE_TEXT = "image-text-to-text"
 IMAGE_TEXT_CLASSES = ("LlavaForConditionalGeneration", "SmolVLMForConditionalGeneration")
+# an audio-text-to-text model, for the same runner (xnnfold.export.multimodal.audio)
+AUDIO_TEXT = "audio-text-to-text"
+AUDIO_TEXT_CLASSES = ("VoxtralForConditionalGeneration",)
+# the kinds executorch's MultimodalRunner runs
+MULTIMODAL = (IMAGE_TEXT, AUDIO_TEXT)
 # why a vision-language family has none (docs/multimodal.md), by model type
 _NO_IMAGE_TEXT = {"gemma3": "its image tokens attend to each other both ways in transformers' "
                   "prefill, and executorch's MultimodalRunner calls text_decoder(embeddings, "
@@ -47,7 +52,8 @@ _STATE_KEYS = ("mamba_d_state", "ssm_state_size", "state_size", "conv_L_cache", 
 _KINDS = ("a causal LM (...ForCausalLM, ...LMHeadModel), Whisper, a text seq2seq model (T5, "
           "BART: ...ForConditionalGeneration), a text classifier or tagger "
           f"({', '.join('...' + h for h in _TEXT_HEADS)}), an image classifier, CLIPModel, "
-          "or a base ...Model; image-text-to-text: " + ", ".join(IMAGE_TEXT_CLASSES))
+          "or a base ...Model; image-text-to-text: " + ", ".join(IMAGE_TEXT_CLASSES) +
+          "; audio-text-to-text: " + ", ".join(AUDIO_TEXT_CLASSES))
 
 
 @dataclass
@@ -99,6 +105,8 @@ def _kind(architecture: str, config: dict) -> Optional[str]:
         return None if config.get("is_encoder_decoder") else CAUSAL_LM
     if architecture in IMAGE_TEXT_CLASSES:
         return IMAGE_TEXT
+    if architecture in AUDIO_TEXT_CLASSES:
+        return AUDIO_TEXT
     if architecture.endswith("ForConditionalGeneration"):
         text = "vocab_size" in config and not any(k in config for k in (
             "vision_config", "audio_config", "image_size", "num_mel_bins"))
@@ -164,7 +172,7 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
                          f"xnnfold hf exports: {_KINDS}")
     if kind == WHISPER:
         positions = _positions(config, "max_target_positions")
-    elif kind in (CLIP, IMAGE_TEXT):
+    elif kind in (CLIP, *MULTIMODAL):
         positions = _positions(config.get("text_config") or {}, "max_position_embeddings")
     else:
         positions = _positions(config, "max_position_embeddings", "n_positions")
@@ -192,11 +200,11 @@ def plan(folder: str, tokens: int = 8, cache: bool = True, max_cache: Optional[i
             not CHECK_STEPS + 1 <= max_cache <= (positions or max_cache):
         raise OptionError(f"`max_cache` {max_cache}: {CHECK_STEPS + 1} (the check's steps) "
                           f"to the decoder's {positions} positions")
-    if kind == IMAGE_TEXT and (not cache or llm_kernels):
+    if kind in MULTIMODAL and (not cache or llm_kernels):
         raise OptionError(f"`{'cache=False' if not cache else 'llm_kernels=True'}`: "
                           f"{architecture}'s .pte for executorch's MultimodalRunner has a KV "
                           "cache on XNNPACK (`max_cache`, `max_prefill` are its options)")
-    if kind == IMAGE_TEXT:
+    if kind in MULTIMODAL:
         _check_cache(positions, tokens, max_cache, max_prefill)
     _refuse_unused(cache_options, kind, cache, architecture)
     return Plan(folder, kind, architecture, model_type, config, positions)
@@ -207,7 +215,7 @@ def _refuse_unused(options: list, kind: str, cache: bool, architecture: str) -> 
     rather than an export without them."""
     if kind in (WHISPER, SEQ2SEQ) and cache:
         options = [o for o in options if o != "`max_cache`"]   # its decoder's own cache
-    if not options or (kind in (CAUSAL_LM, IMAGE_TEXT) and cache):
+    if not options or (kind in (CAUSAL_LM, *MULTIMODAL) and cache):
         return
     if not cache and kind in (CAUSAL_LM, WHISPER, SEQ2SEQ):
         why = "options of a KV cache; `cache=False` exports without one"
