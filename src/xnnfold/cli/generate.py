@@ -14,7 +14,8 @@ from .command import Command, runtime_arguments
 def _generate_arguments(parser) -> None:
     parser.add_argument("pte", help="the generation .pte `xnnfold hf` wrote for a causal LM "
                         "(one forward method), or for a text encoder-decoder model (BART, T5: "
-                        "the prompt is the encoder's input), or for LLaVA (--image)")
+                        "the prompt is the encoder's input), or for LLaVA (--image) or Voxtral "
+                        "(--audio)")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the prompt's text, encoded by the tokenizer beside "
                         "the .pte (or --tokenizer) as executorch's runner encodes it")
@@ -34,6 +35,9 @@ def _generate_arguments(parser) -> None:
                         "tokenizer.json), as the runner's num_bos (default 0, as the runner's)")
     parser.add_argument("--image", help="an image-text-to-text .pte (LLaVA): the image, the "
                         "processor's pixel_values saved with torch.save; <image> in --prompt "
+                        "marks where it goes")
+    parser.add_argument("--audio", help="an audio-text-to-text .pte (Voxtral): the audio, the "
+                        "processor's input_features saved with torch.save; <audio> in --prompt "
                         "marks where it goes")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="do not stop at the EOS ids the .pte names")
@@ -90,6 +94,9 @@ def _cmd_generate(args) -> int:
 
     if args.threads is not None:
         set_threads(args.threads)
+    if args.audio is not None:
+        from .generate_audio import generate_with_audio
+        return generate_with_audio(args, _tokenizer)
     if args.image is not None:
         from .generate_image import generate_with_image
         return generate_with_image(args, _tokenizer)
@@ -100,6 +107,9 @@ def _cmd_generate(args) -> int:
             if _has_methods(args.pte, "vision_encoder", "text_decoder"):   # a prompt without
                 from .generate_image import generate_with_image         # an image
                 return generate_with_image(args, _tokenizer)
+            if _has_methods(args.pte, "audio_encoder", "text_decoder"):    # a prompt without
+                from .generate_audio import generate_with_audio         # an audio
+                return generate_with_audio(args, _tokenizer)
             if not _has_methods(args.pte, "encoder", "text_decoder"):
                 raise
             return _generate_seq2seq(args)

@@ -24,14 +24,12 @@ import torch
 from . import plan as hf_plan, rows as hf_rows
 from ...usage import OptionError
 from ...pte.files import write_atomically
-from ..multimodal.audio import AUDIO_ENCODER, AudioEmbeddings, audio_size, \
+from ..multimodal.audio import AUDIO_ENCODER, AUDIO_MARK, AudioEmbeddings, audio_size, \
     export_audio_text_to_text
 from ..multimodal.export import TEXT_DECODER
 from .multimodal import _lower
 
 PHASES = (AUDIO_ENCODER, "prefill", "decode")
-# where the audio goes in `xnnfold generate --prompt` (cli/generate_audio.py)
-AUDIO_MARK = "<audio>"
 
 
 def check_prompt(generation, tokens: int, seed: int = 0) -> tuple:

@@ -26,6 +26,8 @@ from ..llm.export import GenerationPrograms, _named_failures, lower_generation
 from .export import export_text_methods, text_causal_lm
 
 AUDIO_ENCODER = "audio_encoder"
+# where the audio goes in a prompt's text (`xnnfold generate --audio --prompt`)
+AUDIO_MARK = "<audio>"
 # The classes exported, and the attribute of ``model.model`` that is the text model.
 AUDIO_SUPPORTED = {"VoxtralForConditionalGeneration": "language_model"}
 

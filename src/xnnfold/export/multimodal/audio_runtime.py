@@ -7,8 +7,11 @@ positions (an audio's in one call), then one token per call
 
 What the runner does not check is checked here, one line each
 (:class:`~xnnfold.export.multimodal.runtime.BadInput`): features of another number of mel bins
-or frames than the audio encoder's, more than one chunk, a run of audio tokens of another
-length than an audio's embeddings, more (or fewer) runs than audios.
+or frames than the audio encoder's, a run of audio tokens that is not a whole number of
+chunks' embeddings, audio tokens for more (or fewer) chunks than given. A long audio's chunks
+(the processor's ``input_features`` (chunks, n_bins, n_frames), one run of their audio tokens)
+are encoded one by one, as the runner does with one ``Audio`` input per chunk (given all in
+one, it would pass the batch to the one-chunk method, which the runtime refuses).
 """
 
 from __future__ import annotations
@@ -50,27 +53,26 @@ class AudioGenerator(MultimodalGenerator):
         self._methods = {name: self._program.load_method(name)
                          for name in (AUDIO_ENCODER, TOKEN_EMBEDDING, TEXT_DECODER)}
 
-    def check_audio(self, features) -> torch.Tensor:
-        """``features`` as the audio encoder takes them, (1, n_bins, n_frames) float32 (one
-        chunk given as (n_bins, n_frames) or (1, n_bins, n_frames)), else :class:`BadInput`."""
+    def chunks(self, features) -> list:
+        """``features`` as the audio encoder takes them: one (1, n_bins, n_frames) float32
+        tensor per chunk (given as (n_bins, n_frames) or (chunks, n_bins, n_frames), the
+        processor's ``input_features``), else :class:`BadInput`."""
         bins, frames = self.audio_size
-        wanted = f"one chunk of {bins} mel bins x {frames} frames"
+        wanted = f"chunks of {bins} mel bins x {frames} frames"
         if not isinstance(features, torch.Tensor) or not features.is_floating_point():
             raise BadInput(f"the audio is not a float tensor (this .pte takes {wanted}: the "
                            "processor's input_features)")
-        chunk = features.unsqueeze(0) if features.dim() == 2 else features
-        if chunk.dim() != 3 or tuple(chunk.shape[1:]) != (bins, frames):
+        batch = features.unsqueeze(0) if features.dim() == 2 else features
+        if batch.dim() != 3 or tuple(batch.shape[1:]) != (bins, frames) or not len(batch):
             raise BadInput(f"audio features of shape {tuple(features.shape)}: this .pte's "
                            f"audio encoder takes {wanted}")
-        if chunk.shape[0] != 1:
-            raise BadInput(f"audio features of {chunk.shape[0]} chunks: this .pte's audio "
-                           f"encoder takes {wanted}; give each chunk with its own run of "
-                           f"{self.audio_tokens} audio tokens")
-        return chunk.to(torch.float32).contiguous()
+        return [chunk.unsqueeze(0).to(torch.float32).contiguous() for chunk in batch]
 
     def pieces(self, tokens: Sequence[int], audios: Sequence) -> list:
-        """The prompt as the runner's inputs: ("tokens", ids) and ("audio", features), in
-        order; :class:`BadInput` for audios and audio tokens that do not match."""
+        """The prompt as the runner's inputs: ("tokens", ids) and ("audio", one chunk), in
+        order; a run of k times N audio tokens takes the next k chunks of ``audios`` (as
+        transformers places a long audio's chunks, one after the other); :class:`BadInput`
+        for audios and audio tokens that do not match."""
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise BadInput("the prompt is empty: give at least one token")
@@ -79,18 +81,22 @@ class AudioGenerator(MultimodalGenerator):
             raise BadInput(f"token {bad[0]} is outside the vocabulary (0 to "
                            f"{self.vocab_size - 1})")
         runs = image_runs(tokens, self.audio_token)
-        if len(runs) != len(audios):
-            raise BadInput(f"the prompt has {len(runs)} audio(s) (runs of audio token "
-                           f"{self.audio_token}) and {len(audios)} audio(s) are given")
-        wrong = [end - start for start, end in runs if end - start != self.audio_tokens]
+        each = self.audio_tokens
+        wrong = [end - start for start, end in runs if (end - start) % each]
         if wrong:
-            raise BadInput(f"a run of {wrong[0]} audio tokens ({self.audio_token}): an audio "
-                           f"chunk is {self.audio_tokens} of them")
-        pieces, position = [], 0
-        for (start, end), audio in zip(runs, audios):
+            raise BadInput(f"a run of {wrong[0]} audio tokens ({self.audio_token}): a chunk "
+                           f"of audio is {each} of them")
+        chunks = [chunk for audio in audios for chunk in self.chunks(audio)]
+        taken = sum((end - start) // each for start, end in runs)
+        if taken != len(chunks):
+            raise BadInput(f"the prompt's audio tokens take {taken} chunk(s) of audio ({each} "
+                           f"audio tokens {self.audio_token} each) and {len(chunks)} chunk(s) "
+                           "are given")
+        pieces, position, left = [], 0, iter(chunks)
+        for start, end in runs:
             if start > position:
                 pieces.append(("tokens", tokens[position:start]))
-            pieces.append((AUDIO, self.check_audio(audio)))
+            pieces += [(AUDIO, next(left)) for _ in range((end - start) // each)]
             position = end
         if position < len(tokens):
             pieces.append(("tokens", tokens[position:]))
