@@ -53,9 +53,7 @@ def read_float32(opened, name: str) -> torch.Tensor:
 def load_quantized(cls, folder, config, implementation: str, scheme: str) -> nn.Module:
     """``cls`` with ``folder``'s weights as float32 and its linears quantized by ``scheme`` as
     they are read, in eval mode; :class:`NotStreamable` when the folder cannot be read so."""
-    from torchao.quantization import quantize_
-
-    from ..llm.quantize import linear_quantization
+    from ..llm.quantize import linear_quantization, quantize_linear
 
     quantization, takes = linear_quantization(scheme)
     names = checkpoint_names(folder)
@@ -94,7 +92,7 @@ def load_quantized(cls, folder, config, implementation: str, scheme: str) -> nn.
                 where = module._parameters if name in module._parameters else module._buffers
                 where[name] = value
             if takes(module):
-                quantize_(module, quantization)      # its float32 weight dropped here
+                quantize_linear(module, quantization)   # its float32 weight dropped here
     _read_generation_config(model, folder)
     return model.eval()
 

@@ -20,6 +20,8 @@ torchao is imported when a quantization is applied, never by importing this modu
 from __future__ import annotations
 
 import copy
+import functools
+import types
 
 import torch
 from torch import nn
@@ -66,18 +68,72 @@ def linear_quantization(scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> tu
 def quantize_linears(model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE
                      ) -> int:
     """Quantize ``model``'s linears in place with ``scheme`` (:data:`SCHEMES`, the linears
-    :func:`linear_quantization` takes). Returns how many linears were quantized; ``ValueError``
-    (one line) for an unknown scheme or a model with no linear to quantize."""
-    from torchao.quantization import quantize_
-
+    :func:`linear_quantization` takes), as torchao's ``quantize_`` does. Returns how many
+    linears were quantized; ``ValueError`` (one line) for an unknown scheme or a model with no
+    linear to quantize."""
     config, takes = linear_quantization(scheme, group_size)
-    count = sum(1 for m in model.modules() if takes(m))
-    if not count:
+    linears = [m for m in model.modules() if takes(m)]
+    if not linears:
         raise ValueError(f"{type(model).__name__} has no nn.Linear that {scheme} quantizes"
                          + (f" (none has an input size divisible by {group_size})"
                             if scheme == W4 else ""))
-    quantize_(model, config, filter_fn=lambda module, _: takes(module))
-    return count
+    for linear in linears:
+        quantize_linear(linear, config)
+    return len(linears)
+
+
+def quantize_linear(linear: nn.Linear, config) -> None:
+    """``linear``'s weight replaced by its quantization with ``config`` (torchao's
+    ``Int8DynamicActivationIntxWeightConfig``), the module as torchao's ``quantize_`` leaves it:
+    the same tensor subclass, fields and values, bit for bit, with the scales searched by
+    :func:`~xnnfold.export.llm.scale_search.hqq_scale_only` (torchao's search a block of rows
+    at a time: 3,072 x 3,072 in about a tenth of the time). A config this does not build is
+    handed to ``quantize_`` itself."""
+    weight = _quantized_weight(linear.weight.data, config)
+    if weight is None:
+        from torchao.quantization import quantize_
+
+        quantize_(linear, config)
+        return
+    from torchao.quantization.utils import _module_extra_repr
+
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    linear.extra_repr = types.MethodType(functools.partial(
+        _module_extra_repr, original_extra_repr=linear.extra_repr, parameter_name="weight"),
+        linear)
+
+
+def _quantized_weight(weight: torch.Tensor, config):
+    """torchao's ``IntxUnpackedToInt8Tensor`` of ``weight`` as its handler of ``config`` builds
+    it (``from_hp`` with the ``hqq_scale_only`` search, then no other step), or None when
+    ``config`` asks for something else (another search, a packed format, scales of another
+    type) or ``weight`` is not a plain float matrix."""
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_primitives import _DTYPE_TO_QVALUE_BOUNDS, MappingType
+    from torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor import (
+        IntxUnpackedToInt8Tensor)
+
+    from .scale_search import hqq_scale_only
+
+    granularity = config.weight_granularity
+    if (config.intx_choose_qparams_algorithm != SCALES or config.version != 2
+            or config.intx_packing_format != "unpacked_to_int8"
+            or config.act_mapping_type != MappingType.ASYMMETRIC
+            or config.weight_scale_dtype not in (None, weight.dtype)
+            or type(weight) is not torch.Tensor or weight.ndim != 2
+            or weight.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+            or not isinstance(granularity, (PerGroup, PerAxis))):
+        return None
+    group_size = (granularity.group_size if isinstance(granularity, PerGroup)
+                  else weight.shape[-1])
+    if weight.shape[-1] % group_size:
+        return None
+    qmin, qmax = _DTYPE_TO_QVALUE_BOUNDS[config.weight_dtype]
+    qdata, scale = hqq_scale_only(weight, group_size, qmin, qmax)
+    return IntxUnpackedToInt8Tensor(
+        qdata=qdata, scale=scale, zero_point=torch.zeros_like(scale, dtype=torch.int8),
+        target_dtype=config.weight_dtype, block_size=(1, group_size), dtype=weight.dtype,
+        activation_quantization="int8_asym_per_token")
 
 
 def is_quantized(model: nn.Module) -> bool:
