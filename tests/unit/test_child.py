@@ -4,6 +4,7 @@ shared memory that is gone, an earlier command's stderr)."""
 
 import os
 import sys
+import time
 
 import pytest
 import torch
@@ -24,6 +25,10 @@ def _tensors(send):
     send([torch.arange(6.0).reshape(2, 3)])
 
 
+def _sleep(send):
+    time.sleep(60)
+
+
 def _write(send, text):
     print(text, file=sys.stderr, flush=True)
     send(None)
@@ -33,6 +38,14 @@ def test_a_child_that_dies_is_named_not_waited_for():
     with Child(_abort, preload=["torch"]) as child:
         with pytest.raises(ChildDied, match="its process was killed by SIGABRT"):
             child.receive()
+
+
+def test_a_child_that_does_not_answer_in_time_is_stopped():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="no answer in 1 s"):
+        with Child(_sleep, preload=["torch"]) as child:
+            child.receive(timeout=1)
+    assert not child._process.is_alive() and time.monotonic() - start < 30
 
 
 def test_a_childs_exception_comes_back_as_it_is():

@@ -25,7 +25,9 @@ import os
 import pickle
 import signal
 import threading
+import time
 from multiprocessing import forkserver
+from typing import Optional
 
 PRELOAD = ["xnnfold.pte.lowering"]     # torch, executorch.exir and xnnfold's pass
 _POLL_SECONDS = 0.1
@@ -118,13 +120,17 @@ class Child:
         self._process.start()
         send.close()              # the child holds the other end: EOF once it ends
 
-    def receive(self):
+    def receive(self, timeout: Optional[float] = None):
         """The child's next message; its exception re-raised here; :class:`ChildDied` if it
-        ended first."""
+        ended first; ``TimeoutError`` after ``timeout`` seconds without one (the process left
+        running: leaving the context stops it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not self._receive.poll(_POLL_SECONDS):
             if not self._process.is_alive() and not self._receive.poll(0):
                 self._process.join()
                 raise ChildDied(self._process.exitcode)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no answer in {timeout:.0f} s")
         try:
             kind, payload = pickle.loads(self._receive.recv_bytes())
         except EOFError:          # ended while the parent looked: nothing more to read

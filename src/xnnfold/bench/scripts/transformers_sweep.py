@@ -1,13 +1,15 @@
 """transformers' exporter over every model class its auto mappings build at tiny dims, stock
-against xnnfold (register(): the "xnnfold" format), each class in a process of its own: exports
+against stock with its force_non_static_weights_for_f32_linear flag against xnnfold (register():
+the "xnnfold" format), each class in a process of its own: exports
 (with the one-line reason where not), outputs against eager at each row's scale, delegate calls,
 ops outside delegates and their share of the run's time, .pte bytes, latency ratio.
 
     xnnfold bench transformers-sweep -o DIR [--classes PATTERN] [--limit N] [--timeout S]
-                                     [--rounds N]
+                                     [--rounds N] [--redo-missing-variant]
 
 Writes DIR/sweep.csv (one row per class, appended as each finishes; a class already there is
-skipped, so a sweep interrupted resumes) and DIR/sweep.md (the totals, the largest speed-ups,
+skipped, so a sweep interrupted resumes; --redo-missing-variant first measures again the rows
+written before the stock flag's columns were) and DIR/sweep.md (the totals, the largest speed-ups,
 every class where xnnfold gains nothing or fails and why, the whole table). The most used
 families come first (BERT, GPT-2, Llama, ViT, CLIP, Whisper, T5, ...: their base models, then
 their heads). Run it niced on a shared machine; it holds one process at a time.
@@ -29,6 +31,8 @@ def build_parser():
     args.add_argument("--limit", type=int, default=0, help="classes to measure (0: all)")
     args.add_argument("--timeout", type=float, default=900, help="seconds per class")
     args.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds")
+    args.add_argument("--redo-missing-variant", action="store_true",
+                      help="first measure again the classes whose rows lack a variant")
     return args
 
 
@@ -47,9 +51,12 @@ def main(argv=None) -> int:
     from pathlib import Path
 
     from xnnfold.bench.transformers_sweep import sweep
+    from xnnfold.pte.quiet import quiet
 
+    quiet()             # the runtime's log lines, this process's and the children's
     rows = sweep(Path(args.output), args.classes, args.limit, args.timeout, args.rounds,
-                 echo=lambda line: print(line, flush=True))
+                 echo=lambda line: print(line, flush=True),
+                 redo_missing_variant=args.redo_missing_variant)
     print(f"{len(rows)} classes measured: {args.output}/sweep.csv, {args.output}/sweep.md")
     return 0
 
