@@ -1,9 +1,11 @@
 """``xnnfold generate OUT.pte --image PIXELS.pt``: greedy generation with an image-text-to-text
 .pte (:mod:`xnnfold.export.multimodal`), the image and the prompt as executorch's
 ``MultimodalRunner`` takes them. The image is the processor's ``pixel_values`` saved with
-``torch.save`` (a tensor, or the processor's output holding one); ``<image>`` in ``--prompt``
-marks where it goes (in ``--tokens``, the run of the image token); without ``--image``, a
-prompt of text alone. A wrong image or prompt is one line, exit 2."""
+``torch.save`` (a tensor, or the processor's output holding one): one image, or several
+(SmolVLM's crops and global image, (1, K, C, H, W)), each for its own run of image tokens in
+the prompt, in order; ``<image>`` in ``--prompt`` marks where each goes (in ``--tokens``, the
+runs of the image token); without ``--image``, a prompt of text alone. A wrong image or prompt
+is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -49,14 +51,16 @@ def prompt_tokens(args, generator, tokenizer) -> list:
 
 def generate_with_image(args, tokenizer_of) -> int:
     """``tokenizer_of(args)``: the tokenizer to read and print text with, or None."""
+    from ..export.multimodal.processor_inputs import images_of
     from ..export.multimodal.runtime import BadInput, MultimodalGenerator
 
     for name, default, option in (("temperature", 0.0, "--temperature"),
                                   ("top_p", 1.0, "--top-p"), ("seed", 0, "--seed")):
         if getattr(args, name) != default:
             raise UsageError(f"{option}: an image-text-to-text .pte generates greedily here")
-    images = [] if args.image is None else [load_pixels(args.image)]
+    pixels = None if args.image is None else load_pixels(args.image)
     try:
+        images = [] if pixels is None else images_of(pixels)
         generator = MultimodalGenerator(args.pte)
         tokenizer = tokenizer_of(args)
         tokens = prompt_tokens(args, generator, tokenizer)

@@ -7,8 +7,8 @@ and the runner's command lines printed.
 The check: one seeded random image, a prompt of ``--tokens`` random text tokens with the
 image's run of image tokens after the first, then
 :data:`~xnnfold.export.hf.plan.CHECK_STEPS` greedy steps (the runner's calls:
-:class:`~xnnfold.export.multimodal.runtime.MultimodalGenerator`); the image's embeddings against eager's (``vision_encoder``), the
-prompt's last logits (``prefill``) and each step's (``decode``) against eager transformers'
+:class:`~xnnfold.export.multimodal.runtime.MultimodalGenerator`); the image's embeddings
+against eager's (``vision_encoder``), the prompt's last logits (``prefill``) and each step's (``decode``) against eager transformers'
 logits of the whole sequence at once, with the image (no cache), each row at its own scale.
 """
 
@@ -145,7 +145,7 @@ def export_multimodal_generation(model, output: Path, compare: bool, tokens: int
         f"cache of {generation.max_cache} rows; the rows above: the vision encoder, the "
         f"text decoder's prefill of {len(ids)} positions with the image and its decode")
     exported.notes.extend(hf_plan.as_options(line) for line in generation.capped)
-    exported.notes += runner_notes(output, folder, generation.metadata)
+    exported.notes += runner_notes(output, folder, generation.metadata, name)
     for variant, (encoder_ms, prefill_ms, decode_ms) in timed.items():
         exported.notes.append(
             f"{variant}: vision encoder {encoder_ms:.3f} ms; prefill of {len(ids)} positions "
@@ -170,23 +170,44 @@ def _check_room(model, tokens: int, max_cache: Optional[int], max_prefill: Optio
                           f"{rows} rows (`max_cache`)")
 
 
-def runner_notes(output: Path, folder: Optional[str], metadata: dict) -> list:
+# How each family's processor is called for one image, and how its output reaches the runner:
+# executorch's generate_hf takes one image and one run of image tokens (LLaVA's); SmolVLM's
+# pixel_values are (1, K, C, H, W), K - 1 crops and the global image, each with its own run
+# (one without splitting), which xnnfold's runner_inputs gives the runner as a list.
+_RUNNER_CALLS = {
+    "LlavaForConditionalGeneration": (
+        "USER: <image>\\nWhat is in it? ASSISTANT:", "", "USER: <image>\\nWhat is in it? "
+        "ASSISTANT:",
+        "generate_hf(inputs, GenerationConfig(max_new_tokens=32, temperature=0), "
+        "image_token_id={image_token})"),
+    "SmolVLMForConditionalGeneration": (
+        "User:<image>What is in it?<end_of_utterance>\\nAssistant:",
+        ", do_image_splitting=False",
+        "User:<fake_token_around_image><global-img><image><fake_token_around_image>What is in "
+        "it?<end_of_utterance>\\nAssistant:",
+        "generate(runner_inputs(inputs, {image_token}), GenerationConfig(max_new_tokens=32, "
+        "temperature=0)) (runner_inputs: from xnnfold.export.multimodal; it takes the crops "
+        "of do_image_splitting=True too)"),
+}
+
+
+def runner_notes(output: Path, folder: Optional[str], metadata: dict, architecture: str
+                 ) -> list:
     """The folder's tokenizer copied beside ``output``, and how to run the .pte with it."""
     from ..llm.text import copy_tokenizer
 
     tokenizer = None if folder is None else copy_tokenizer(folder, output.parent)
-    image_token = metadata["get_image_token_id"]
     if tokenizer is None:
         return [f"no tokenizer in {folder} (tokenizer.json, tokenizer.model): executorch's "
                 "runner needs one"]
+    prompt, processor_options, cli_prompt, call = _RUNNER_CALLS[architecture]
+    pixels = "pixel_values" + (f" (with{processor_options[1:]})" if processor_options else "")
     return [f"its tokenizer: {tokenizer} (copied from {folder})",
-            f"run it: xnnfold generate {output} --image IMAGE.pt --prompt 'USER: <image>\\n"
-            "What is in it? ASSISTANT:' --max-new 32 (IMAGE.pt: the processor's pixel_values, "
-            "saved with torch.save)",
+            f"run it: xnnfold generate {output} --image IMAGE.pt --prompt '{cli_prompt}' "
+            f"--max-new 32 (IMAGE.pt: the processor's {pixels}, saved with torch.save)",
             "executorch's runner (Python): from PIL import Image; from transformers import "
             "AutoProcessor; from executorch.extension.llm.runner import GenerationConfig, "
             f"MultimodalRunner; inputs = AutoProcessor.from_pretrained({str(folder)!r})("
-            "images=Image.open('image.png'), text='USER: <image>\\nWhat is in it? ASSISTANT:',"
-            f" return_tensors='pt'); MultimodalRunner({str(output)!r}, {str(tokenizer)!r})."
-            "generate_hf(inputs, GenerationConfig(max_new_tokens=32, temperature=0), "
-            f"image_token_id={image_token})"]
+            f"images=Image.open('image.png'), text='{prompt}'{processor_options}, "
+            f"return_tensors='pt'); MultimodalRunner({str(output)!r}, {str(tokenizer)!r})."
+            + call.format(image_token=metadata["get_image_token_id"])]

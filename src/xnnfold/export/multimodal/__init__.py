@@ -11,7 +11,7 @@ import importlib
 
 _PUBLIC = {"export_image_text_to_text": "export", "SUPPORTED": "export",
            "image_text_to_pte": "export", "MultimodalGenerator": "runtime",
-           "BadInput": "runtime"}
+           "BadInput": "runtime", "runner_inputs": "processor_inputs"}
 
 __all__ = list(_PUBLIC)
 

@@ -41,6 +41,20 @@ def image_runs(tokens: Sequence[int], image_token: int) -> list:
     return runs
 
 
+def cut(tokens: Sequence[int], runs: Sequence, images: Sequence) -> list:
+    """("tokens", ids) and ("image", image) in prompt order: ``tokens`` cut at ``runs`` (of
+    :func:`image_runs`), each run replaced by its image (as many as runs)."""
+    pieces, position = [], 0
+    for (start, end), image in zip(runs, images):
+        if start > position:
+            pieces.append(("tokens", list(tokens[position:start])))
+        pieces.append(("image", image))
+        position = end
+    if position < len(tokens):
+        pieces.append(("tokens", list(tokens[position:])))
+    return pieces
+
+
 class MultimodalGenerator:
     """An image-text-to-text .pte (bytes or a path) loaded on the runtime."""
 
@@ -96,15 +110,7 @@ class MultimodalGenerator:
         if wrong:
             raise BadInput(f"a run of {wrong[0]} image tokens ({self.image_token}): an image "
                            f"is {self.image_tokens} of them")
-        pieces, position = [], 0
-        for (start, end), image in zip(runs, images):
-            if start > position:
-                pieces.append(("tokens", tokens[position:start]))
-            pieces.append(("image", self.check_image(image)))
-            position = end
-        if position < len(tokens):
-            pieces.append(("tokens", tokens[position:]))
-        return pieces
+        return cut(tokens, runs, [self.check_image(image) for image in images])
 
     def embed(self, tokens: Sequence[int]) -> torch.Tensor:
         (embeddings,) = self._methods[TOKEN_EMBEDDING].execute(
