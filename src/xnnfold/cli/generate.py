@@ -33,9 +33,10 @@ def _generate_arguments(parser) -> None:
     parser.add_argument("--num-bos", type=int, default=0, help="BOS tokens the tokenizer adds "
                         "to a --prompt (its post-processor's special tokens for a "
                         "tokenizer.json), as the runner's num_bos (default 0, as the runner's)")
-    parser.add_argument("--image", help="an image-text-to-text .pte (LLaVA): the image, the "
-                        "processor's pixel_values saved with torch.save; <image> in --prompt "
-                        "marks where it goes")
+    parser.add_argument("--image", help="an image-text-to-text .pte (LLaVA, SmolVLM): the "
+                        "image, the processor's pixel_values saved with torch.save (SmolVLM's "
+                        "crops: one per run of image tokens); <image> in --prompt marks where "
+                        "it goes")
     parser.add_argument("--audio", help="an audio-text-to-text .pte (Voxtral): the audio, the "
                         "processor's input_features saved with torch.save; <audio> in --prompt "
                         "marks where it goes")

@@ -15,7 +15,7 @@ from config.json alone, before torch, transformers or the weights load (:func:`p
   cross-attention keys and values, and ``text_decoder`` one token per call over a
   self-attention cache, the layout executorch's speech runner calls; a tied head's table in
   ``OUT.ptd`` beside it;
-- an image-text-to-text model (LLaVA): the .pte executorch's ``MultimodalRunner`` runs,
+- an image-text-to-text model (LLaVA, SmolVLM): the .pte executorch's ``MultimodalRunner`` runs,
   methods ``vision_encoder``, ``token_embedding``, ``text_decoder``
   (:mod:`xnnfold.export.multimodal`), the folder's tokenizer copied beside it; an
   audio-text-to-text model (Voxtral) the same way with ``audio_encoder`` (:mod:`.audio`);
