@@ -243,3 +243,23 @@ def test_vision_encoder_program_is_get_image_features(side, scale, in_order):
     with torch.no_grad():
         expected = model.get_image_features(image[None]).pooler_output[0]
     assert torch.equal(program.module()(image)[0], expected)
+
+
+def test_runner_inputs_pairs_runs_and_images():
+    """One image input per run, in prompt order; runs and images that differ in number, or a
+    batch of prompts, are one line (executorch's runner would take what it is given)."""
+    from xnnfold.export.multimodal import BadInput, runner_inputs
+
+    ids = torch.tensor([[5, IMAGE_TOKEN, IMAGE_TOKEN, 6, IMAGE_TOKEN, IMAGE_TOKEN]])
+    given = runner_inputs({"input_ids": ids, "pixel_values": torch.zeros(1, 2, 3, 4, 4)},
+                          IMAGE_TOKEN)
+    assert [repr(g).split("=")[1].rstrip(">") for g in given] == [
+        "tokens", "image", "tokens", "image"]
+    with pytest.raises(BadInput, match=r"the prompt has 2 run\(s\) of image token 299 and 1 "
+                       r"image\(s\) are given"):
+        runner_inputs({"input_ids": ids, "pixel_values": torch.zeros(1, 1, 3, 4, 4)},
+                      IMAGE_TOKEN)
+    with pytest.raises(BadInput, match=r"pixel_values of shape \(2, 2, 3, 4, 4\): one "
+                       "prompt's images"):
+        runner_inputs({"input_ids": ids, "pixel_values": torch.zeros(2, 2, 3, 4, 4)},
+                      IMAGE_TOKEN)
