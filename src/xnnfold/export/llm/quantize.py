@@ -8,10 +8,10 @@ before its export (``xnnfold hf --quantize``, the LLM bench's ``--quant``):
   8da8w``): XNNPACK's dynamically quantized int8 linear, the kernel of the XNNPACK PT2E
   quantizer's dynamic per-channel configuration.
 
-Both as torchao's ``quantize_`` quantizes the eager model (``Int8DynamicActivationIntxWeightConfig``),
-the same weights bit for bit, with its scale search run a block of rows at a time
-(:mod:`~xnnfold.export.llm.scale_search`): the quantized eager model is then the reference a
-.pte's tokens are compared with. The PT2E
+Both as torchao's ``quantize_`` quantizes the eager model
+(``Int8DynamicActivationIntxWeightConfig``), the same weights bit for bit, with its scale
+search run a block of rows at a time (:mod:`~xnnfold.export.llm.scale_search`): the quantized
+eager model is then the reference a .pte's tokens are compared with. The PT2E
 road (``prepare_pt2e`` / ``convert_pt2e`` on the exported program) is not used for the
 generation .pte: on its dynamic-length ``forward`` the XNNPACK partitioner of executorch 1.5.1,
 stock and xnnfold alike, fails with "Invalid partition, found dependency cycles" (a rotary
