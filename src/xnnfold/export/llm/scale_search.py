@@ -20,16 +20,18 @@ import contextlib
 
 import torch
 
-# a block of rows holds about this many weights (1 MB in float32): the per-operation overhead of
-# torch is then a few percent (3,072 x 3,072 on one thread: 1.45 s in blocks of 2^15, 0.75 s of
-# 2^18, 0.7 s of 2^19), the block's temporaries in the cache
+# a block of rows holds about this many weights (1 MB in float32): large enough that torch's
+# per-operation overhead is small, small enough that the block's temporaries stay in the cache
+# (3,072 x 3,072 on one thread, loaded machine: 1.45 s in blocks of 2^15, 0.75 s of 2^18, 0.7 s
+# of 2^19)
 BLOCK_ELEMENTS = 1 << 18
 
 
 def row_blocks(rows: int, columns: int, block_elements: int = BLOCK_ELEMENTS) -> list:
     """(start, stop) of the blocks of rows an iteration goes through: about ``block_elements``
-    weights each, never a single row when there are more (a one-row block of a wide weight
-    reduced to one value is summed in two passes by torch, in another order than the whole)."""
+    weights each, never a single row when there are more (a block of one row and one group, an
+    8-bit weight per channel, is a reduction to a single value, which torch may split across
+    threads in another order than the whole weight's rows)."""
     step = max(2, block_elements // max(1, columns))
     bounds = [(start, min(start + step, rows)) for start in range(0, rows, step)]
     if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < 2:
