@@ -119,6 +119,9 @@ def _plan(attention: pattern.CacheAttention, facts: Facts) -> Plan:
 
 def _why_not_private(facts: Facts, attention: pattern.CacheAttention) -> Optional[str]:
     """Why the caches are not this attention's alone (then they keep their shape), or None."""
+    for update in (attention.key, attention.value):
+        if update.is_input:
+            return f"the cache {update.target} is a program input: its shape is the caller's"
     chain = set(attention.repeats) | set(attention.between) | {attention.sdpa}
     for node in [attention.key.node, attention.value.node] + attention.repeats:
         others = [u for u in node.users if u not in chain]

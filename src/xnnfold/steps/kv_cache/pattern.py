@@ -3,7 +3,9 @@ IR, where a cache update is an in-place op on the buffer).
 
 - a **cache update**: ``index_copy_(cache, 2, positions, rows)`` (transformers' ``StaticLayer``)
   or ``index_put_(cache, [None, None, positions], rows)`` (executorch's example ``KVCache``) on
-  a buffer ``cache`` of shape ``[B, Hkv, S, D]``;
+  a buffer ``cache`` of shape ``[B, Hkv, S, D]``, or on a program input of that shape the
+  program writes (transformers' exporter's ``decode``: the ``StaticCache`` passed in, written
+  and returned; its shape is the caller's, :mod:`.decide` keeps it);
 - an **attention over the cache**: ``scaled_dot_product_attention(q, k, v, mask)`` whose ``k``
   and ``v`` are two updated caches, each repeated for grouped-query attention by transformers'
   ``repeat_kv`` (``unsqueeze`` + ``expand`` + ``reshape``), by ``repeat_interleave`` (executorch's
@@ -40,10 +42,11 @@ class CacheUpdate:
 
     node: torch.fx.Node          # the index_copy_ / index_put_
     buffer: torch.fx.Node        # the buffer's placeholder
-    target: str                  # the buffer's name in the program's state
+    target: str                  # the buffer's name in the program's state, or the input's
     positions: torch.fx.Node     # int64 [L]
     rows: torch.fx.Node          # the new rows (broadcastable to [B, Hkv, L, D])
     shape: tuple = ()            # the buffer's [B, Hkv, S, D], as exported
+    is_input: bool = False       # a program input the program writes, not a buffer
 
 
 @dataclass(frozen=True)
@@ -82,15 +85,26 @@ def buffer_targets(program: ExportedProgram) -> dict:
             if s.kind == InputKind.BUFFER}
 
 
+def user_inputs(program: ExportedProgram) -> set:
+    """The names of the program's user inputs' placeholders."""
+    return {s.arg.name for s in program.graph_signature.input_specs
+            if s.kind == InputKind.USER_INPUT}
+
+
 def find_updates(program: ExportedProgram) -> tuple:
-    """({update node: CacheUpdate}, {buffer name: why not a cache}) over the buffers written in
-    place."""
-    buffers = buffer_targets(program)
+    """({update node: CacheUpdate}, {cache name: why not a cache}) over the buffers and the
+    user inputs written in place."""
+    buffers, inputs = buffer_targets(program), user_inputs(program)
     updates, refused = {}, {}
     for placeholder, writers in written_placeholders(program).items():
-        if placeholder.name not in buffers:
+        if placeholder.name in inputs:
+            update = _as_update(placeholder, writers, placeholder.name)
+            if isinstance(update, CacheUpdate):
+                update.is_input = True
+        elif placeholder.name in buffers:
+            update = _as_update(placeholder, writers, buffers[placeholder.name])
+        else:
             continue
-        update = _as_update(placeholder, writers, buffers[placeholder.name])
         if isinstance(update, str):
             refused[placeholder.name] = update
         elif update is not None:
