@@ -66,7 +66,8 @@ class MultimodalGenerator:
             self._program.method_names)
         if missing:
             raise BadInput(f"no {', '.join(sorted(missing))} method: not an image-text-to-text "
-                           ".pte (`xnnfold hf` writes one for a LlavaForConditionalGeneration)")
+                           ".pte (`xnnfold hf` writes one for a LlavaForConditionalGeneration "
+                           "or a SmolVLMForConditionalGeneration)")
         constant = lambda name: method_constant(self._program, name)  # noqa: E731
         self.max_cache = int(constant("get_max_context_len"))
         self.max_prefill = int(constant("get_max_seq_len"))
