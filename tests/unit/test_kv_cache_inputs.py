@@ -91,6 +91,9 @@ def test_caches_given_as_inputs_grouped_and_kept_as_the_caller_gives_them(return
     assert record.caches == ("k_cache", "v_cache")
     assert "not repeated" in record.kernels and "[B * Hkv" not in record.proven
     assert "aten.expand.default" not in ops_of(program)
+    # not executorch's reinplace_pass, which is wrong on an input (written_inputs)
+    assert "a program input" in record.describe() and "run_reinplace_pass=True" not in \
+        record.describe()
     shapes = {n.name: tuple(n.meta["val"].shape) for n in program.graph.nodes
               if n.op == "placeholder" and n.name.endswith("cache")}
     assert shapes == {"k_cache": (1, KV, S, D), "v_cache": (1, KV, S, D)}

@@ -19,6 +19,10 @@ UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): ind
                "runs with ExecutorchBackendConfig(run_reinplace_pass=True) (as xnnfold.export.llm's "
                ".pte does), which updates it in place; llm_kernels=True makes it "
                "llama::update_cache, in place")
+# a cache the program takes as an input: executorch 1.5.1's reinplace_pass is not right there
+INPUT_UPDATE_LEFT = ("the cache, a program input, is written on portable: index_put into a copy "
+                     "of it, written back with copy_ (executorch 1.5.1's run_reinplace_pass is "
+                     "not right on a program input: leave it off)")
 MASK_LEFT = "the mask is made additive on portable, once per program, on its own [L, S]"
 VISIBLE_LEFT = ("the cache's visible rows are copied by slice on portable (XNNPACK's slice takes "
                 "static sizes only), and the mask over them is built there, once per program, "
@@ -83,7 +87,8 @@ def rewritten(plan: Plan, how: str) -> KVCacheRewrite:
     elif plan.path is Path.LLM_UPDATE:
         kernels, left = f"{llm_kernels.UPDATE}, {grouped_kernels(attention)}", read
     else:
-        kernels, left = grouped_kernels(attention), (UPDATE_LEFT,) + read
+        update = INPUT_UPDATE_LEFT if attention.key.is_input else UPDATE_LEFT
+        kernels, left = grouped_kernels(attention), (update,) + read
     if plan.llm_kernels:
         how = (f"rows P .. P + L - 1 written in place; {how}; the cache kept as "
                "[B * Hkv, S, 1, D], the same bytes")
