@@ -235,3 +235,30 @@ def test_an_image_text_class_is_not_an_audio_one():
                        "audio-text-to-text export for it yet; supported: "
                        "VoxtralForConditionalGeneration"):
         check_audio_supported(type("LlavaForConditionalGeneration", (torch.nn.Module,), {})())
+
+
+@pytest.mark.parametrize("files, copied, prompt", [
+    (["tokenizer.json", "tekken.json"], "tokenizer.json", "--prompt '<audio> What is said?'"),
+    (["tekken.json"], "tekken.json", "--tokens IDS (the prompt's ids, 8 audio tokens 299 a "
+     "chunk)"),
+])
+def test_the_runner_is_given_the_folders_tokenizer(tmp_path, files, copied, prompt):
+    """Voxtral's published folder has mistral-common's tekken.json, which executorch's runner
+    loads by that name: copied beside the .pte when the folder has no tokenizer.json (which
+    comes first); xnnfold generate, which cannot read it, is shown with token ids."""
+    from xnnfold.export.hf.audio import runner_notes
+
+    folder, out = tmp_path / "folder", tmp_path / "out"
+    folder.mkdir(), out.mkdir()
+    for name in files:
+        (folder / name).write_text(json.dumps({"name": name}))
+    notes = runner_notes(out / "v.pte", str(folder), {"get_audio_token_id": AUDIO_TOKEN,
+                                                      "get_audio_tokens": PER_CHUNK})
+    assert sorted(p.name for p in out.iterdir()) == [copied]
+    assert notes[0] == f"its tokenizer: {out / copied} (copied from {folder})"
+    assert prompt in notes[1] and f"MultimodalRunner('{out / 'v.pte'}', '{out / copied}')" \
+        in notes[2], notes
+    (folder / copied).write_text("another")
+    if copied == "tekken.json":      # never over another file of that name
+        assert "exists and is not" in runner_notes(out / "v.pte", str(folder), {})[0]
+        assert (out / copied).read_text() != "another"

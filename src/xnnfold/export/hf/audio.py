@@ -30,6 +30,9 @@ from ..multimodal.export import TEXT_DECODER
 from .multimodal import _lower
 
 PHASES = (AUDIO_ENCODER, "prefill", "decode")
+# Voxtral's published tokenizer (mistral-common's Tekken): executorch's runner loads a file of
+# this name as one (llm_runner_helper.cpp's load_tokenizer); xnnfold generate's tokenizer does not
+TEKKEN = "tekken.json"
 
 
 def check_prompt(generation, tokens: int, seed: int = 0) -> tuple:
@@ -139,19 +142,40 @@ def _check_room(model, tokens: int, max_cache: Optional[int], max_prefill: Optio
                           f"{rows} rows (`max_cache`)")
 
 
+def _copy_tekken(folder: Path, destination: Path) -> Optional[Path]:
+    """``folder``'s tekken.json copied into ``destination`` (where it is not already), or None
+    when another file of that name is there."""
+    import filecmp
+    import shutil
+
+    source, target = folder / TEKKEN, destination / TEKKEN
+    if target.is_file() and not filecmp.cmp(source, target, shallow=False):
+        return None
+    if source.resolve() != target.resolve():
+        shutil.copyfile(source, target)
+    return target
+
+
 def runner_notes(output: Path, folder: Optional[str], metadata: dict) -> list:
     """The folder's tokenizer copied beside ``output``, and how to run the .pte with it."""
     from ..llm.text import copy_tokenizer
 
     tokenizer = None if folder is None else copy_tokenizer(folder, output.parent)
+    if tokenizer is None and folder is not None and (Path(folder) / TEKKEN).is_file():
+        tokenizer = _copy_tekken(Path(folder), output.parent)
+        if tokenizer is None:
+            return [f"{output.parent / TEKKEN} exists and is not {folder}'s: not copied; give "
+                    f"executorch's runner {Path(folder) / TEKKEN}"]
     if tokenizer is None:
-        return [f"no tokenizer in {folder} (tokenizer.json, tokenizer.model): executorch's "
-                "runner needs one"]
+        return [f"no tokenizer in {folder} (tokenizer.json, tokenizer.model, {TEKKEN}): "
+                "executorch's runner needs one"]
     token, count = metadata["get_audio_token_id"], metadata["get_audio_tokens"]
+    # xnnfold generate reads text with the tokenizers it loads as the runner's (not Tekken)
+    prompt = f"--tokens IDS (the prompt's ids, {count} audio tokens {token} a chunk)" \
+        if tokenizer.name == TEKKEN else f"--prompt '{AUDIO_MARK} What is said?'"
     return [f"its tokenizer: {tokenizer} (copied from {folder})",
-            f"run it: xnnfold generate {output} --audio FEATURES.pt --prompt '{AUDIO_MARK} "
-            f"What is said?' --max-new 32 (FEATURES.pt: one chunk of the processor's "
-            "input_features, saved with torch.save)",
+            f"run it: xnnfold generate {output} --audio FEATURES.pt {prompt} --max-new 32 "
+            "(FEATURES.pt: the processor's input_features, saved with torch.save)",
             "executorch's runner (Python): from executorch.extension.llm.runner import "
             "GenerationConfig, MultimodalRunner, make_audio_input, make_token_input; "
             f"MultimodalRunner({str(output)!r}, {str(tokenizer)!r}).generate([make_token_input("
