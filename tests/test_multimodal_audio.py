@@ -262,3 +262,23 @@ def test_the_runner_is_given_the_folders_tokenizer(tmp_path, files, copied, prom
     if copied == "tekken.json":      # never over another file of that name
         assert "exists and is not" in runner_notes(out / "v.pte", str(folder), {})[0]
         assert (out / copied).read_text() != "another"
+
+
+# two more lowerings (about 20 s of CPU): slow; by default the rows test above checks the
+# .pte's own GEMMs
+@pytest.mark.slow
+def test_the_audio_encoder_against_stock(voxtral):
+    """The audio encoder alone, lowered by xnnfold and by stock (the shared check: eager's
+    outputs, never worse than stock): every GEMM (the convolutions, the projections, the
+    projector) in XNNPACK, and nothing of the attention outside; the layer norms stay on
+    portable kernels, as in stock's lowering (XNNPACK 1.5.1 has no layer norm)."""
+    from conftest import assert_all_delegated, check_lowering
+    from xnnfold.export.multimodal.audio import AudioEmbeddings
+
+    model, features, _, _ = voxtral
+    checked = check_lowering(AudioEmbeddings(model).eval(), (features,))
+    assert_all_delegated(checked)
+    assert set(checked.folded.ops_outside) == {"aten.native_layer_norm.default",
+                                               "aten.unsqueeze_copy.default"}, \
+        checked.folded.ops_outside
+    assert "aten.where.self" in checked.stock.ops_outside       # the safe softmax's glue
