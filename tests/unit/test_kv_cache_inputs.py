@@ -91,9 +91,8 @@ def test_caches_given_as_inputs_grouped_and_kept_as_the_caller_gives_them(return
     assert record.caches == ("k_cache", "v_cache")
     assert "not repeated" in record.kernels and "[B * Hkv" not in record.proven
     assert "aten.expand.default" not in ops_of(program)
-    # not executorch's reinplace_pass, which is wrong on an input (written_inputs)
-    assert "a program input" in record.describe() and "run_reinplace_pass=True" not in \
-        record.describe()
+    # not the buffers' advice (run_reinplace_pass=True alone is wrong on an input)
+    assert "a program input" in record.describe() and "written_inputs" in record.describe()
     shapes = {n.name: tuple(n.meta["val"].shape) for n in program.graph.nodes
               if n.op == "placeholder" and n.name.endswith("cache")}
     assert shapes == {"k_cache": (1, KV, S, D), "v_cache": (1, KV, S, D)}
@@ -164,3 +163,23 @@ def test_a_copy_that_broadcasts_is_kept():
         got = program.module()(*ours)
     assert compare_outputs((got, ours[0]), (torch.arange(3.0).expand(2, 3) * 2.0,
                                             torch.arange(3.0).expand(2, 3))).ok
+
+
+def test_readers_of_an_in_place_write_read_the_tensor_written():
+    """After executorch's reinplace_pass, what reads ``index_put_``'s result reads the tensor
+    it wrote (its memory then lives as long as it is read); other ops are left alone."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    graph = torch.fx.Graph()
+    cache, rows, where = (graph.placeholder(n) for n in ("cache", "rows", "where"))
+    written = graph.call_function(exir_ops.edge.aten.index_put_.default,
+                                  (cache, [None, None, where], rows))
+    doubled = graph.call_function(exir_ops.edge.aten.mul.Scalar, (written, 2.0))
+    summed = graph.call_function(exir_ops.edge.aten.add.Tensor, (doubled, doubled))
+    graph.output((written, summed))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    result = written_inputs.read_written_inputs(module)
+    assert result.modified
+    assert doubled.args[0] is cache and graph.output_node().args[0] == (cache, summed)
+    assert summed.args == (doubled, doubled) and written in graph.nodes
+    assert not written_inputs.read_written_inputs(module).modified

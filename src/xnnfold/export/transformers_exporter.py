@@ -184,22 +184,23 @@ class XnnfoldExecutorchExporter(_stock.ExecutorchExporter):
 
     def _lower(self, model, sample_inputs, config, partitioner):
         """``ExecutorchExporter.export_program``'s stages (transformers 5.25.0) for XNNPACK,
-        with ``partitioner`` in place of stock's and the copies re-tracing adds to the inputs a
-        program writes dropped (:mod:`.written_inputs`)."""
+        with ``partitioner`` in place of stock's and the inputs a program writes written in
+        place (:mod:`.written_inputs`)."""
         model, sample_inputs, _ = _stock.prepare_for_xnnpack(model, sample_inputs)
         with _stock.apply_patches("executorch"), _stock.apply_patches("executorch.xnnpack"):
             exported_program, metadata = DynamoExporter.export_program(
                 self, model, sample_inputs, config=_as_stock(config))
             _stock.apply_fx_program_fixes("executorch", exported_program)
             _stock.apply_fx_node_fixes("executorch", exported_program.graph_module)
-            # the decode's cache (an input the program writes) copied twice a step, not four
-            # times (written_inputs)
+            # the decode's cache (an input the program writes) written in place, not copied
+            # four times a step (written_inputs)
             passes = list(_stock._get_transform_passes(config.backend) or ())
             edge = _stock.to_edge_transform_and_lower(
                 exported_program, partitioner=[partitioner],
                 compile_config=_stock._get_edge_compile_config(config.backend),
                 transform_passes=passes + [written_inputs.drop_retrace_copies])
-            program = edge.to_executorch(config=_stock._get_backend_config(config))
+            program = edge.to_executorch(
+                config=written_inputs.backend_config(_stock._get_backend_config(config)))
         return program, metadata
 
     def _lower_as_stock(self, model, sample_inputs, config):

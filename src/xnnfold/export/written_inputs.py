@@ -1,4 +1,4 @@
-"""A program that writes its inputs in place, lowered without the copies re-tracing adds.
+"""A program that writes its inputs in place, lowered so that the write is in place.
 
 transformers' exporter's ``decode`` (``export_for_generation``, static cache) takes the
 ``StaticCache`` as inputs, writes each layer's keys and values into them in place and returns
@@ -9,24 +9,20 @@ so the edge program writes every cache with ``index_put`` into a new tensor, cop
 and ``to_executorch`` writes it back into the input with ``copy_``: four copies of every
 layer's cache per step, on portable.
 
-:func:`drop_retrace_copies`, a transform pass (``to_edge_transform_and_lower`` runs it after
-the re-traces, before partitioning), replaces each ``copy(input, src)`` of a user input with
-``src``'s shape, dtype and strides by ``src``: the same values. Two copies are left, the
-``index_put`` and the write-back.
-
-The write in place (executorch's ``reinplace_pass``: the ``index_put`` on the input becomes its
-in-place ``index_put_``, and ``to_executorch`` writes nothing back) would leave none, but
-executorch 1.5.1 does not run such a program right with its inputs in the arena (the default):
-measured on a one-layer program with an input cache and its position counter, the cache the
-.pte returns differs from eager's everywhere, and at transformers' decode (hidden 512) the
-logits are NaN. With the inputs the caller's (``alloc_graph_input=False``) the one-layer program
-runs right through executorch's pybindings, but transformers' decode exported with
-``ExecutorchConfig(alloc_graph_input=False)`` gives wrong logits through transformers' runner
-with or without it. It is not turned on.
+- :func:`drop_retrace_copies`, a transform pass (``to_edge_transform_and_lower`` runs it after
+  the re-traces, before partitioning), replaces each ``copy(input, src)`` of a user input with
+  ``src``'s shape, dtype and strides by ``src``: the same values.
+- :func:`backend_config`: ``to_executorch`` with executorch's ``reinplace_pass`` (the
+  ``index_put`` on the input, read by nothing after it once the copies are gone, becomes its
+  in-place ``index_put_``: the step's rows only, and nothing written back), and
+  :func:`read_written_inputs` after it: without it executorch 1.5.1's memory planner gives the
+  written tensor's memory away while its in-place result is still read (measured: the cache
+  returned differs from eager's everywhere, and at hidden 512 the logits are NaN).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -67,3 +63,33 @@ def drop_retrace_copies(graph_module: torch.fx.GraphModule) -> Optional[PassResu
     return PassResult(graph_module, bool(copies))
 
 
+
+
+def read_written_inputs(graph_module: torch.fx.GraphModule) -> Optional[PassResult]:
+    """Each in-place ``index_put_``: what reads its result reads the tensor it wrote (the same
+    tensor, after the write in the graph's order). A pass of ``to_executorch`` after
+    ``reinplace_pass``: executorch 1.5.1's memory planner ends a tensor's lifetime at its last
+    reader, and the result of an in-place op on it is not one; read through the result, the
+    tensor's memory is given to later tensors while it is still read (measured: the decode's
+    cache, an input, and the prefill's, made by the program, returned wrong)."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    changed = False
+    for node in graph_module.graph.nodes:
+        if node.target is exir_ops.edge.aten.index_put_.default and node.users and \
+                isinstance(node.args[0], torch.fx.Node):
+            node.replace_all_uses_with(node.args[0])
+            changed = True
+    if changed:
+        graph_module.recompile()
+    return PassResult(graph_module, changed)
+
+
+def backend_config(config=None):
+    """``config`` (``to_executorch``'s, None for executorch's default) with executorch's
+    ``reinplace_pass`` and :func:`read_written_inputs` after it."""
+    from executorch.exir import ExecutorchBackendConfig
+
+    base = config if config is not None else ExecutorchBackendConfig()
+    return dataclasses.replace(base, run_reinplace_pass=True,
+                               passes=[read_written_inputs] + list(base.passes))

@@ -19,10 +19,11 @@ UPDATE_LEFT = ("the cache update stays on portable (XNNPACK has no scatter): ind
                "runs with ExecutorchBackendConfig(run_reinplace_pass=True) (as xnnfold.export.llm's "
                ".pte does), which updates it in place; llm_kernels=True makes it "
                "llama::update_cache, in place")
-# a cache the program takes as an input: executorch 1.5.1's reinplace_pass is not right there
+# a cache the program takes as an input: executorch 1.5.1's reinplace_pass alone is not right
 INPUT_UPDATE_LEFT = ("the cache, a program input, is written on portable: index_put into a copy "
-                     "of it, written back with copy_ (executorch 1.5.1's run_reinplace_pass is "
-                     "not right on a program input: leave it off)")
+                     "of it, written back with copy_ (xnnfold's transformers exporter writes "
+                     "it in place, xnnfold.export.written_inputs; run_reinplace_pass=True alone "
+                     "returns a wrong cache in executorch 1.5.1)")
 MASK_LEFT = "the mask is made additive on portable, once per program, on its own [L, S]"
 VISIBLE_LEFT = ("the cache's visible rows are copied by slice on portable (XNNPACK's slice takes "
                 "static sizes only), and the mask over them is built there, once per program, "
