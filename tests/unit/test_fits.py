@@ -97,14 +97,14 @@ def test_a_checkpoint_that_cannot_fit_is_refused_with_the_numbers(tmp_path):
     assert "\n" not in said and said.startswith(
         f"{folder}: its export in fp32 needs about 145.4 GB at its peak (8,030 M parameters, "
         "from config.json's dims;") and "this machine has 24.0 GB available (MemAvailable)" in said
-    assert said.endswith("a machine with more memory, or force=True to export anyway")
+    assert said.endswith("try quantize=8da4w (about 18.5 GB); or force=True to export anyway")
 
 
 def test_what_to_try_is_what_fits(tmp_path):
     folder = folder_of(tmp_path, "llama8b", LLAMA_8B)
     with pytest.raises(OptionError) as refused:
         fits.check_fits(folder, LLAMA_8B, None, 1024, available=(100 * GB, "MemAvailable"))
-    assert str(refused.value).endswith("try quantize=8da4w (about 65.1 GB); or force=True to "
+    assert str(refused.value).endswith("try quantize=8da4w (about 18.5 GB); or force=True to "
                                        "export anyway")
     # the weights fit, the cache of 4,096 rows does not: a cache that fits
     small = fits.estimate(folder, LLAMA_8B, 0).peak("8da4w")
@@ -112,6 +112,20 @@ def test_what_to_try_is_what_fits(tmp_path):
         fits.check_fits(folder, LLAMA_8B, "8da4w", 4096, available=(small + 0.2 * GB, "here"))
     # 2 x 32 layers x 8 heads x 128 x 4 bytes, twice: 524,288 bytes a row
     assert str(refused.value).endswith("try max_cache=381; or force=True to export anyway")
+
+
+def test_llama_3b_dims_in_8da4w_fit_a_24_gib_machine_and_fp32_does_not(tmp_path):
+    # its 8da4w export ran here (10.4 GB of anonymous memory at its peak): 2.0x the fp32
+    # weights (26 GB) refused it
+    llama_3b = {**LLAMA, "hidden_size": 3072, "num_hidden_layers": 28, "intermediate_size": 8192,
+                "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 128256,
+                "tie_word_embeddings": True}
+    folder = folder_of(tmp_path, "llama3b", llama_3b)
+    here = (22 * GB, "MemAvailable")
+    fits.check_fits(folder, llama_3b, "8da4w", 1024, available=here)
+    assert fits.estimate(folder, llama_3b, 1024).peak("8da4w") < 10.4 * GB
+    with pytest.raises(OptionError, match=r"try quantize=8da4w \(about 7.8 GB\)"):
+        fits.check_fits(folder, llama_3b, None, 1024, available=here)
 
 
 def test_a_folder_that_fits_or_is_unknown_is_not_refused(tmp_path):
