@@ -5,7 +5,9 @@ executorch's example Llama with its plain KV cache write each step's keys and va
 buffer ``[B, Hkv, S, D]`` in place and attend over the whole buffer under a mask built from the
 cache position, repeating it for grouped-query attention. Lowered as it is, the repeat is an
 ``expand_copy`` (and an ``unsqueeze_copy``) of the whole cache on portable per layer and step,
-and SDPA's safe-softmax glue sits between three delegates.
+and SDPA's safe-softmax glue sits between three delegates. transformers' exporter's ``decode``
+(``export_for_generation``) writes the same cache given as an input, and returns it: the step
+takes it the same way, the cache keeping the caller's shape (:mod:`.decide`).
 
 For each attention, the step first decides (:mod:`.decide`: a :class:`.plan.Plan` or
 :class:`.plan.Declined`), then carries the plan out (:mod:`.rewrite`), on the pass's own copy of
