@@ -110,6 +110,8 @@ GAIN = {"class": "A", "stock_export": "yes", "xnnfold_export": "yes", "stock_ver
         "stock_ms": "1.0", "stock_flag_ms": "0.99", "xnnfold_ms": "0.8"}
 FAILS = "A does not export: E: no; stock's exporter fails the same way"
 BEFORE_THE_FLAG = {column: "" for column in GAIN if column.startswith(("stock_flag", "ratio_f"))}
+NOT_RUNNING = {"stock_flag_verdict": "does not run: RuntimeError: Failed to load method forward",
+               "stock_flag_ms": "", "ratio_flag": ""}
 
 
 @pytest.mark.parametrize("change, why", [
@@ -130,6 +132,7 @@ BEFORE_THE_FLAG = {column: "" for column in GAIN if column.startswith(("stock_fl
     ({"stock_export": "E: no", "xnnfold_export": FAILS, "ratio": "", "ratio_flag": ""},
      [f"xnnfold: {FAILS}"]),
     ({"stock_flag_verdict": "WRONG: logits: far"}, ["stock_flag WRONG: logits: far"]),
+    (NOT_RUNNING, ["stock_flag does not run: RuntimeError: Failed to load method forward"]),
 ])
 def test_why_a_row_is_no_gain(change, why):
     assert transformers_sweep_table.losses({**GAIN, **change}) == why
@@ -140,16 +143,17 @@ def test_the_totals_count_xnnfold_against_both_and_the_flag_against_both():
             {**GAIN, "stock_flag_ms": "0.7", "ratio_flag": "1.14"},   # faster than both
             {**GAIN, "stock_flag_ms": "1.1", "stock_flag_bytes": "101"},  # slower, larger
             {**GAIN, **BEFORE_THE_FLAG},
+            {**GAIN, **NOT_RUNNING},
             {"class": "N", "error": "not built: LookupError"}]
     assert transformers_sweep_table.totals(rows) == [
-        "5 classes, 4 built at tiny dims. Exports / wrong: stock 4 / 0, stock_flag 3 / 0, "
-        "xnnfold 4 / 0.",
-        "xnnfold against stock (4 timed): slower (> 1.03) 0, no faster (>= 0.97) 0, "
+        "6 classes, 5 built at tiny dims. Exports / wrong or not running: stock 5 / 0, "
+        "stock_flag 4 / 1, xnnfold 5 / 0.",
+        "xnnfold against stock (5 timed): slower (> 1.03) 0, no faster (>= 0.97) 0, "
         ".pte larger 0.",
         "xnnfold against stock_flag (3 timed): slower (> 1.03) 1, no faster (>= 0.97) 1, "
         ".pte larger 0.",
         "stock_flag (3 timed): slower than stock 1, than xnnfold 2; faster than stock 1; "
-        ".pte larger than stock's 1, smaller 2."]
+        ".pte larger than stock's 1, smaller 3."]
 
 
 def test_the_sweep_resumes_where_it_stopped(tmp_path, monkeypatch):
@@ -170,7 +174,8 @@ def test_the_sweep_resumes_where_it_stopped(tmp_path, monkeypatch):
     with open(tmp_path / "sweep.csv", newline="") as file:
         assert [row["class"] for row in csv.DictReader(file)] == ["A", "B", "C"]
     markdown = (tmp_path / "sweep.md").read_text()
-    assert "3 classes, 3 built at tiny dims. Exports / wrong: stock 3 / 0" in markdown
+    assert "3 classes, 3 built at tiny dims. Exports / wrong or not running: stock 3 / 0" \
+        in markdown
     assert "| C | ratio 0.99; ratio_flag 1.00 |" in markdown     # no gain, and why
 
 
@@ -201,6 +206,16 @@ def test_rows_without_the_flag_are_measured_again_first_and_replaced_in_place(tm
     assert [(r["class"], r["stock_flag_export"]) for r in rows] == [
         ("A", "yes"), ("B", ""), ("D", "yes")]
     assert rows[1]["error"] == "not built: LookupError: boxes"
+
+
+@pytest.mark.parametrize("row, again", [
+    (GAIN, False),
+    ({**GAIN, **BEFORE_THE_FLAG}, True),
+    ({**GAIN, "xnnfold_export": "", "error": "RuntimeError: the flag's .pte"}, True),  # cut short
+    ({"class": "N", "error": "not built: LookupError: boxes"}, False),
+])
+def test_which_rows_lack_a_variant(row, again):
+    assert transformers_sweep.lacks_a_variant(row) is again
 
 
 class TimesOut:

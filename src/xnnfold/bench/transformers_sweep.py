@@ -45,10 +45,10 @@ def write_rows(table: Path, rows: list) -> None:
 
 
 def lacks_a_variant(row: dict) -> bool:
-    """A row measured before every variant was (no stock-flag export column), but for a class
-    the sweep could not build."""
-    return not str(row.get("error") or "").startswith("not built") and not any(
-        row.get(f"{variant}_export") for variant in VARIANTS[1:2])
+    """A row without a variant's export column (measured before the variant was, or cut short
+    by an earlier variant's failure), but for a class the sweep could not build."""
+    return not str(row.get("error") or "").startswith("not built") and not all(
+        row.get(f"{variant}_export") for variant in VARIANTS)
 
 
 def _run_one(class_name: str, model_type: str, folder: Path, timeout: float,

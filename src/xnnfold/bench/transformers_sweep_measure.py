@@ -23,6 +23,7 @@ VARIANTS = ("stock", "stock_flag", "xnnfold")
 PER_VARIANT = ("export", "verdict", "calls", "outside", "portable_share", "bytes", "ms",
                "export_s")
 # ratio: xnnfold / stock, ratio_flag: xnnfold / stock with its flag (median ms)
+DOES_NOT_RUN = "does not run"       # a verdict: the .pte fails on transformers' runner
 RATIOS = {"ratio": "stock", "ratio_flag": "stock_flag"}
 
 
@@ -153,6 +154,7 @@ def measure(class_name: str, model_type: str, result_path: str, rounds: int = 20
     from xnnfold.export import transformers_exporter as xt
     from xnnfold.pte import PteRunner
     from xnnfold.pte.devtools import DELEGATE, operator_times
+    from xnnfold.pte.quiet import failure_summary, runtime_log
     from xnnfold.pte.timing import time_interleaved
 
     row = {"class": class_name, "model_type": model_type}
@@ -172,7 +174,15 @@ def measure(class_name: str, model_type: str, result_path: str, rounds: int = 20
         save()
         if exported is None:
             continue
-        row[f"{variant}_verdict"] = _verdict(exported(**copy.deepcopy(inputs)), expected)
+        with runtime_log() as log:
+            try:
+                row[f"{variant}_verdict"] = _verdict(exported(**copy.deepcopy(inputs)), expected)
+            except Exception as error:  # noqa: BLE001 - a .pte that does not run is a finding
+                said = failure_summary(log)
+                row[f"{variant}_verdict"] = f"{DOES_NOT_RUN}: {xt._one_line(error)}" + (
+                    f" ({said})" if said else "")
+                save()
+                continue
         save()
         pte = exported.program.buffer
         feeds[variant] = _feed(exported, copy.deepcopy(inputs))
@@ -200,7 +210,10 @@ def measure_in_child(send, class_name: str, model_type: str, result_path: str,
     threads (the sweep's own); ``send``: the row to the parent."""
     import torch
 
+    from xnnfold.pte.quiet import quiet
+
     torch.set_num_threads(threads)
+    quiet(python=False)         # the runtime's failure lines, for a .pte that does not run
     send(measure(class_name, model_type, result_path, rounds))
 
 

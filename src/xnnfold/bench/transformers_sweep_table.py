@@ -32,7 +32,8 @@ def _exports(row, variant) -> bool:
 
 
 def _wrong(row, variant) -> bool:
-    return str(row.get(f"{variant}_verdict", "")).startswith("WRONG")
+    """Its .pte's outputs are wrong, or it does not run."""
+    return str(row.get(f"{variant}_verdict", "")).startswith(("WRONG", "does not run"))
 
 
 def losses(row) -> list:
@@ -99,7 +100,8 @@ def totals(rows: list) -> list:
     xnnfold."""
     built = [r for r in rows if not str(r.get("error", "")).startswith("not built")]
     count = lambda test: sum(1 for r in built if test(r))  # noqa: E731
-    lines = [f"{len(rows)} classes, {len(built)} built at tiny dims. Exports / wrong: " + ", ".join(
+    lines = [f"{len(rows)} classes, {len(built)} built at tiny dims. Exports / wrong or not "
+             "running: " + ", ".join(
         f"{v} {count(lambda r: _exports(r, v))} / {count(lambda r: _wrong(r, v))}"
         for v in ("stock", "stock_flag", "xnnfold")) + "."]
     for baseline, (column, _) in BASELINES.items():
