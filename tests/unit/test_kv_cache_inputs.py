@@ -183,3 +183,34 @@ def test_readers_of_an_in_place_write_read_the_tensor_written():
     assert doubled.args[0] is cache and graph.output_node().args[0] == (cache, summed)
     assert summed.args == (doubled, doubled) and written in graph.nodes
     assert not written_inputs.read_written_inputs(module).modified
+
+
+class WrittenThenRead(nn.Module):
+    """A tensor the program makes, written by ``index_put`` and read after another tensor is
+    made: what executorch 1.5.1's memory planner gets wrong once the write is in place."""
+
+    def forward(self, x, where, rows):
+        made = torch.ops.aten.index_put(x + 0.0, [None, None, where], rows)
+        other = (x * 3.0 + 1.0) * (x * 3.0 + 1.0)
+        return made * 2.0 + other, other
+
+
+@pytest.mark.parametrize("read_written", [True, False], ids=["read-written", "reinplace-only"])
+def test_an_in_place_write_read_after_other_tensors_runs_right(read_written):
+    """On the runtime: with executorch's reinplace_pass alone the written tensor's memory is
+    given to a later tensor while the write's result is still read (wrong); with
+    :func:`read_written_inputs` after it, eager's values."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+
+    from xnnfold.pte import run_pte
+
+    gen = torch.Generator().manual_seed(0)
+    example = (torch.randn(1, KV, S, D, generator=gen), torch.tensor([3]),
+               torch.randn(1, KV, 1, D, generator=gen))
+    edge = to_edge_transform_and_lower(torch.export.export(WrittenThenRead(), example))
+    config = written_inputs.backend_config() if read_written else \
+        ExecutorchBackendConfig(run_reinplace_pass=True)
+    program = edge.to_executorch(config)
+    assert any("index_put_" in str(n.target) for n in program.exported_program().graph.nodes)
+    result = compare_outputs(run_pte(program.buffer, example), WrittenThenRead()(*example))
+    assert result.ok is read_written, result
