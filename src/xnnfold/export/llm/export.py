@@ -222,11 +222,14 @@ def emit_config():
     from executorch.exir.passes import MemoryPlanningPass
 
     from ..cond_memory import CondOutputsInParent
+    from ..written_inputs import backend_config
 
-    return ExecutorchBackendConfig(
+    # backend_config: the reinplace pass, then what reads an index_put_'s result reads the
+    # tensor it wrote (executorch 1.5.1's planner does not count the result as a reader)
+    return backend_config(ExecutorchBackendConfig(
         memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True,
                                                 memory_planning_algo=CondOutputsInParent()),
-        emit_mutable_buffer_names=True, run_reinplace_pass=True)
+        emit_mutable_buffer_names=True))
 
 
 def causal_lm_to_pte(model: nn.Module, max_cache: Optional[int] = None,

@@ -106,10 +106,14 @@ def emit_config(table_to_ptd: bool = True):
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
 
-    return ExecutorchBackendConfig(
+    from ..written_inputs import backend_config
+
+    # backend_config: the reinplace pass, then what reads an index_put_'s result reads the
+    # tensor it wrote (executorch 1.5.1's planner does not count the result as a reader)
+    return backend_config(ExecutorchBackendConfig(
         memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
-        run_reinplace_pass=True, emit_mutable_buffer_names=True,
-        external_constants=_to_ptd if table_to_ptd else False)
+        emit_mutable_buffer_names=True,
+        external_constants=_to_ptd if table_to_ptd else False))
 
 
 @dataclass
