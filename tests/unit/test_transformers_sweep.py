@@ -133,6 +133,8 @@ NOT_RUNNING = {"stock_flag_verdict": "does not run: RuntimeError: Failed to load
      [f"xnnfold: {FAILS}"]),
     ({"stock_flag_verdict": "WRONG: logits: far"}, ["stock_flag WRONG: logits: far"]),
     (NOT_RUNNING, ["stock_flag does not run: RuntimeError: Failed to load method forward"]),
+    ({**NOT_RUNNING, "stock_flag_bytes": "80"},              # no baseline: not compared
+     ["stock_flag does not run: RuntimeError: Failed to load method forward"]),
 ])
 def test_why_a_row_is_no_gain(change, why):
     assert transformers_sweep_table.losses({**GAIN, **change}) == why
@@ -153,7 +155,7 @@ def test_the_totals_count_xnnfold_against_both_and_the_flag_against_both():
         "xnnfold against stock_flag (3 timed): slower (> 1.03) 1, no faster (>= 0.97) 1, "
         ".pte larger 0.",
         "stock_flag (3 timed): slower than stock 1, than xnnfold 2; faster than stock 1; "
-        ".pte larger than stock's 1, smaller 3."]
+        ".pte larger than stock's 1, smaller 2."]    # the one not running is no baseline
 
 
 def test_the_sweep_resumes_where_it_stopped(tmp_path, monkeypatch):

@@ -54,7 +54,7 @@ def losses(row) -> list:
         if ratio is not None and ratio >= NO_GAIN:
             why.append(f"{column} {ratio:.2f}")
         sizes = _float(row.get("xnnfold_bytes")), _float(row.get(f"{baseline}_bytes"))
-        if None not in sizes and sizes[0] > sizes[1]:
+        if _larger(row, "xnnfold", baseline):
             why.append(f".pte {int(sizes[0] - sizes[1]):,} bytes larger than {whose}")
     if _float(row.get("ratio")) is not None and row.get("rewritten") in ("[{}]", "[]"):
         why.append("the pass rewrote nothing")
@@ -68,8 +68,10 @@ def _slower(row, variant, than) -> bool:
 
 
 def _larger(row, variant, than) -> bool:
+    """``variant``'s .pte larger than ``than``'s, a .pte that runs and is right (one that does
+    not is no baseline)."""
     sizes = _float(row.get(f"{variant}_bytes")), _float(row.get(f"{than}_bytes"))
-    return None not in sizes and sizes[0] > sizes[1]
+    return None not in sizes and sizes[0] > sizes[1] and not _wrong(row, than)
 
 
 def _cells(row) -> list:
