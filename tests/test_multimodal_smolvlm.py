@@ -129,6 +129,9 @@ def _pieces_of(pte, tokens) -> list:
     return [tokenizer.piece(t) for t in tokens]
 
 
+# The tests on the lowered SmolVLM are in the slow set (one 30 s lowering): LLaVA's tests
+# cover the runner path they share in make test; the vision program's tests below stay.
+@pytest.mark.slow
 def test_one_image_in_generate_hf_is_eager_greedy(smolvlm):
     """Without splitting, the processor's pixel values are (1, 1, C, H, W); executorch's
     generate_hf takes them as one image (1, C, H, W) and cuts the prompt at the one run of
@@ -144,6 +147,7 @@ def test_one_image_in_generate_hf_is_eager_greedy(smolvlm):
     assert _runner_pieces(pte, squeezed) == _pieces_of(pte, tokens)
 
 
+@pytest.mark.slow
 def test_crops_in_the_runner_are_eager_greedy(smolvlm):
     """With splitting, 2 x 2 crops and the global image, each its own run of image tokens
     between text tokens: runner_inputs gives the runner one image input per run, and its text
@@ -158,6 +162,7 @@ def test_crops_in_the_runner_are_eager_greedy(smolvlm):
     assert _runner_pieces(pte, given) == _pieces_of(pte, _eager_greedy(model, crops))
 
 
+@pytest.mark.slow
 def test_another_image_or_crop_gives_another_text(smolvlm):
     """Negative: the image mirrored, or its last crop replaced by a copy of the first, change
     the text: the checks above can tell which image, and that every crop is encoded. (Crops
@@ -174,6 +179,7 @@ def test_another_image_or_crop_gives_another_text(smolvlm):
     assert _runner_pieces(pte, runner_inputs(repeated, IMAGE_TOKEN)) != right
 
 
+@pytest.mark.slow
 def test_rows_checked_and_the_vision_encoder_delegated(smolvlm):
     """The vision encoder's GEMMs (patch embedding, attention, MLP, the connector's
     projection) and the text decoder's on XNNPACK; every phase matches eager; the runner's
@@ -187,6 +193,7 @@ def test_rows_checked_and_the_vision_encoder_delegated(smolvlm):
                "do_image_splitting=False" in note for note in exported.notes), exported.notes
 
 
+@pytest.mark.slow
 def test_generate_with_crops_is_eager_greedy(smolvlm, tmp_path, capsys):
     """xnnfold generate --image with the processor's (1, 5, C, H, W) crops and its tokens."""
     model, inputs, pte, _ = smolvlm
@@ -199,6 +206,7 @@ def test_generate_with_crops_is_eager_greedy(smolvlm, tmp_path, capsys):
     assert f"generated {NEW}: " + ",".join(map(str, _eager_greedy(model, crops))) in printed
 
 
+@pytest.mark.slow
 def test_generate_prompt_with_smolvlm_tokens_is_the_processors(smolvlm, tmp_path, capsys):
     """--prompt with SmolVLM's wrapping tokens written out and <image> where the run goes:
     the runner's tokenizer gives the processor's ids, and the text is eager's."""
@@ -212,6 +220,7 @@ def test_generate_prompt_with_smolvlm_tokens_is_the_processors(smolvlm, tmp_path
     assert f"generated {NEW}: " + ",".join(map(str, _eager_greedy(model, one))) in printed
 
 
+@pytest.mark.slow
 def test_more_crops_than_runs_is_one_line(smolvlm, tmp_path, capsys):
     _, inputs, pte, _ = smolvlm
     torch.save(inputs[True]["pixel_values"], tmp_path / "pixels.pt")

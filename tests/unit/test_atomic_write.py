@@ -111,6 +111,7 @@ _WRITE = re.compile(r"\.write_bytes\(|open\([^)]*['\"]w|\.write_to_file\(|shutil
 _NOT_OUTPUTS = {  # writes to a temporary or a copy of the tokenizer, not a .pte/.ptd
     "export/llm/export.py": "tempfile.TemporaryFile",
     "export/llm/text.py": "shutil.copyfile(source, destination / source.name)",
+    "export/hf/audio.py": "shutil.copyfile(source, target)",   # Voxtral's tekken.json
 }
 
 
