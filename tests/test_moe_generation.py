@@ -57,7 +57,7 @@ def lowered():
     return model, lower_generation(generation, before_emit=inspect)
 
 
-def test_each_expert_is_one_delegate_behind_its_cond(lowered):
+def _each_expert_is_one_delegate_behind_its_cond(lowered):
     _, result = lowered
     for method, (outside, branches) in result.inspected.items():
         assert not [op for op in outside if op.startswith(GEMMS)], (method, outside)
@@ -66,7 +66,7 @@ def test_each_expert_is_one_delegate_behind_its_cond(lowered):
             assert sorted(ops) == ["aten.mul.Tensor", "executorch_call_delegate"], ops
 
 
-def test_greedy_tokens_equal_eager(lowered):
+def _greedy_tokens_equal_eager(lowered):
     model, result = lowered
     seed_everything("deepseek-v3-prompt")
     prompt = torch.randint(0, 128, (PROMPT,)).tolist()
@@ -78,6 +78,13 @@ def test_greedy_tokens_equal_eager(lowered):
     assert run.tokens == eager.argmax(-1).tolist()
     assert len(set(run.tokens)) > 2, run.tokens
     assert torch.allclose(torch.cat(run.logits), eager, atol=1e-4)
+
+
+def test_each_expert_one_delegate_and_greedy_tokens_equal_eager(lowered):
+    """One test on the one lowering (two tests of a module fixture are often run on both of
+    make test's workers, each lowering it: 40 s)."""
+    _each_expert_is_one_delegate_behind_its_cond(lowered)
+    _greedy_tokens_equal_eager(lowered)
 
 
 class BranchOnData(torch.nn.Module):
