@@ -8,27 +8,14 @@ the .pte's audio tokens per chunk (in ``--tokens``, give the run yourself); with
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..usage import UsageError
 
 
 def load_features(path: str):
     """The mel features saved at ``path``: a tensor, or a mapping holding ``input_features``."""
-    import torch
+    from .generate_image import load_saved
 
-    if not Path(path).is_file():
-        raise UsageError(f"--audio {path}: no such file")
-    try:
-        value = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - whatever torch.load raises, one line
-        raise UsageError(f"--audio {path}: not a tensor saved with torch.save "
-                         f"({type(error).__name__}); save the processor's input_features")
-    if not isinstance(value, torch.Tensor) and hasattr(value, "get"):
-        value = value.get("input_features")
-    if not isinstance(value, torch.Tensor):
-        raise UsageError(f"--audio {path}: holds no tensor (input_features)")
-    return value
+    return load_saved(path, "--audio", "input_features")
 
 
 def prompt_tokens(args, generator, tokenizer, chunks: int) -> list:

@@ -17,22 +17,28 @@ from ..usage import UsageError
 IMAGE_MARK = "<image>"
 
 
-def load_pixels(path: str):
-    """The pixel values saved at ``path``: a tensor, or a mapping holding ``pixel_values``."""
+def load_saved(path: str, option: str, key: str):
+    """The tensor saved at ``path`` for ``option``: a tensor, or a mapping (the processor's
+    output) holding it under ``key``; else one line."""
     import torch
 
     if not Path(path).is_file():
-        raise UsageError(f"--image {path}: no such file")
+        raise UsageError(f"{option} {path}: no such file")
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - whatever torch.load raises, one line
-        raise UsageError(f"--image {path}: not a tensor saved with torch.save "
-                         f"({type(error).__name__}); save the processor's pixel_values")
+        raise UsageError(f"{option} {path}: not a tensor saved with torch.save "
+                         f"({type(error).__name__}); save the processor's {key}")
     if not isinstance(value, torch.Tensor) and hasattr(value, "get"):
-        value = value.get("pixel_values")
+        value = value.get(key)
     if not isinstance(value, torch.Tensor):
-        raise UsageError(f"--image {path}: holds no tensor (pixel_values)")
+        raise UsageError(f"{option} {path}: holds no tensor ({key})")
     return value
+
+
+def load_pixels(path: str):
+    """The pixel values saved at ``path``: a tensor, or a mapping holding ``pixel_values``."""
+    return load_saved(path, "--image", "pixel_values")
 
 
 def prompt_tokens(args, generator, tokenizer) -> list:

@@ -15,131 +15,17 @@ against eager's (``audio_encoder``), the prompt's last logits (``prefill``) and 
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
-import torch
-
-from . import plan as hf_plan, rows as hf_rows
-from ...usage import OptionError
-from ...pte.files import write_atomically
 from ..multimodal.audio import AUDIO_ENCODER, AUDIO_MARK, AudioEmbeddings, audio_size, \
     export_audio_text_to_text
-from ..multimodal.export import TEXT_DECODER
-from .multimodal import _lower
+from .multimodal import Front, export_encoder_generation
 
-PHASES = (AUDIO_ENCODER, "prefill", "decode")
 # Voxtral's published tokenizer (mistral-common's Tekken): executorch's runner loads a file of
 # this name as one (llm_runner_helper.cpp's load_tokenizer); xnnfold generate's tokenizer does not
 TEKKEN = "tekken.json"
-
-
-def check_prompt(generation, tokens: int, seed: int = 0) -> tuple:
-    """(token ids with the audio's run after the first, the features): seeded, random."""
-    generator = torch.Generator().manual_seed(seed)
-    meta = generation.metadata
-    text = torch.randint(0, meta["get_vocab_size"] - 1, (tokens,), generator=generator)
-    text[text >= meta["get_audio_token_id"]] += 1          # never the audio token itself
-    ids = text.tolist()
-    ids = ids[:1] + [meta["get_audio_token_id"]] * meta["get_audio_tokens"] + ids[1:]
-    return ids, torch.randn(1, *meta["get_audio_size"], generator=generator)
-
-
-def check(model, generator, ids: list, features: torch.Tensor) -> tuple:
-    """(audio encoder's, prefill's, decode's verdicts) of ``generator`` against eager."""
-    from ...pte.compare import compare_outputs
-
-    run = generator.generate(ids, [features], hf_plan.CHECK_STEPS + 1, stop_at_eos=False,
-                             keep_logits=True)
-    with torch.no_grad():
-        embeddings = AudioEmbeddings(model)(features)
-        eager = model(input_ids=torch.tensor([ids + run.tokens[:-1]]), input_features=features,
-                      use_cache=False).logits[0, len(ids) - 1:]
-    got = torch.cat(run.logits)
-    return (compare_outputs(generator.encode_audio(features)[0], embeddings[0], per_row=True),
-            compare_outputs(got[:1], eager[:1], per_row=True),
-            compare_outputs(got[1:], eager[1:], per_row=True))
-
-
-def _time(generators: dict, ids: list, features, steps: int, rounds: int) -> dict:
-    """{variant: (audio encoder ms, prefill ms, decode ms per step)}, medians, interleaved."""
-    from ...pte.timing import medians_interleaved
-
-    def measure(generator) -> tuple:
-        start = time.perf_counter()
-        generator.encode_audio(features)
-        encoder = time.perf_counter() - start
-        run = generator.generate(ids, [features], steps + 1, stop_at_eos=False)
-        return encoder * 1e3, run.prefill_seconds * 1e3, run.decode_seconds * 1e3 / steps
-
-    return medians_interleaved(generators, measure, rounds, warmup=2)
-
-
-def export_audio_generation(model, output: Path, compare: bool, tokens: int, reps: int,
-                            prefer: str, check_it: bool, max_cache: Optional[int],
-                            max_prefill: Optional[int], folder: Optional[str] = None
-                            ) -> "hf_rows.Exported":
-    """The .pte of ``model`` written to ``output``, checked; with ``compare``, stock's beside
-    it, timed interleaved. ``folder``'s tokenizer files are copied beside ``output``."""
-    from ...pte import STOCK, XNNFOLD
-    from ..multimodal.audio_runtime import AudioGenerator
-
-    name = type(model).__name__
-    _check_room(model, tokens, max_cache, max_prefill)
-    with hf_rows.failing_as_usage(f"{name}: the export of its audio encoder, token embedding "
-                                  "and text decoder"):
-        generation = export_audio_text_to_text(model, max_cache, max_prefill)
-    variants = [STOCK, XNNFOLD] if compare else [XNNFOLD]
-    with hf_rows.failing_as_usage(f"lowering {name}'s methods"):
-        lowered = {variant: _lower(generation, variant, prefer) for variant in variants}
-    write_atomically(output, lowered[XNNFOLD].pte)
-    generators = {v: AudioGenerator(low.pte) for v, low in lowered.items()}
-    ids, features = check_prompt(generation, tokens)
-    verdicts = {v: check(model, g, ids, features) if check_it else (None,) * 3
-                for v, g in generators.items()}
-    timed = _time(generators, ids, features, hf_plan.CHECK_STEPS, reps) if compare else {}
-    exported = hf_rows.Exported([], [], [])
-    for variant, low in lowered.items():
-        for index, phase in enumerate(PHASES):
-            verdict = verdicts[variant][index]
-            if verdict is not None and not verdict.ok and variant == XNNFOLD:
-                exported.wrong.append(f"{output} ({phase}): {verdict}")
-            gemms, calls = low.by_method[AUDIO_ENCODER if index == 0 else TEXT_DECODER]
-            exported.rows.append(hf_rows.row(
-                phase, variant, low, verdict, timed[variant][index] if timed else None,
-                str(output) if variant == XNNFOLD else "", len(gemms), calls))
-    meta = generation.metadata
-    bins, frames = meta["get_audio_size"]
-    exported.notes.append(
-        f"{output}: methods audio_encoder (one chunk of {bins} mel bins x {frames} frames: "
-        f"{meta['get_audio_tokens']} embeddings), token_embedding, text_decoder (1 to "
-        f"{generation.max_prefill} embeddings a call) over a static KV cache of "
-        f"{generation.max_cache} rows; the rows above: the audio encoder, the text decoder's "
-        f"prefill of {len(ids)} positions with the audio and its decode")
-    exported.notes.extend(hf_plan.as_options(line) for line in generation.capped)
-    exported.notes += runner_notes(output, folder, meta)
-    for variant, (encoder_ms, prefill_ms, decode_ms) in timed.items():
-        exported.notes.append(
-            f"{variant}: audio encoder {encoder_ms:.3f} ms; prefill of {len(ids)} positions "
-            f"(the audio's included) {prefill_ms:.3f} ms; decode {decode_ms:.3f} ms per token;"
-            f" medians of {reps} interleaved rounds")
-    return exported
-
-
-def _check_room(model, tokens: int, max_cache: Optional[int], max_prefill: Optional[int]
-                ) -> None:
-    """One line, before any export, when the check's prompt (its tokens, the audio's
-    embeddings, the decode steps) does not fit the cache."""
-    from ..llm.sizes import cache_sizes, positions_of
-
-    rows = cache_sizes(positions_of(model), max_cache, max_prefill)[0]
-    with torch.no_grad():
-        audio_tokens = int(AudioEmbeddings(model)(torch.zeros(1, *audio_size(model))).shape[1])
-    if tokens + audio_tokens + hf_plan.CHECK_STEPS > rows:
-        raise OptionError(f"`tokens` {tokens}: the check runs {tokens} + the audio's "
-                          f"{audio_tokens} + {hf_plan.CHECK_STEPS} positions, the cache has "
-                          f"{rows} rows (`max_cache`)")
 
 
 def _copy_tekken(folder: Path, destination: Path) -> Optional[Path]:
@@ -182,3 +68,19 @@ def runner_notes(output: Path, folder: Optional[str], metadata: dict) -> list:
             f"BEFORE), make_audio_input(input_features), make_token_input(AFTER)], "
             "GenerationConfig(max_new_tokens=32, temperature=0), print) (BEFORE, AFTER: the "
             f"prompt's token ids around its run of {count} audio tokens {token})"]
+
+
+def _generator(pte: bytes):
+    from ..multimodal.audio_runtime import AudioGenerator
+
+    return AudioGenerator(pte)
+
+
+AUDIO = Front(
+    kind="audio", encoder=AUDIO_ENCODER, export=export_audio_text_to_text,
+    generator=_generator, embeddings=lambda model: AudioEmbeddings(model),
+    eager_inputs=lambda _, features: {"input_features": features}, size=audio_size,
+    describe=lambda meta: "one chunk of {} mel bins x {} frames".format(
+        *meta["get_audio_size"]),
+    runner_notes=lambda output, folder, meta, _: runner_notes(output, folder, meta))
+export_audio_generation = partial(export_encoder_generation, AUDIO)

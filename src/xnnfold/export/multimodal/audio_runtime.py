@@ -16,14 +16,11 @@ one, it would pass the batch to the one-chunk method, which the runtime refuses)
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Sequence, Union
+from typing import Sequence
 
 import torch
 
-from ...pte.runner import method_constant, verified_program
 from .audio import AUDIO_ENCODER
-from .export import TEXT_DECODER, TOKEN_EMBEDDING
 from .runtime import BadInput, MultimodalGenerator, image_runs
 
 AUDIO = "audio"
@@ -32,26 +29,12 @@ AUDIO = "audio"
 class AudioGenerator(MultimodalGenerator):
     """An audio-text-to-text .pte (bytes or a path) loaded on the runtime."""
 
-    def __init__(self, pte: Union[bytes, str, Path]):   # not the base's: no image constants
-        data = pte if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes()
-        self._data = bytes(data)              # the loaded program reads from this buffer
-        self._program = verified_program(self._data)
-        missing = {AUDIO_ENCODER, TOKEN_EMBEDDING, TEXT_DECODER} - set(
-            self._program.method_names)
-        if missing:
-            raise BadInput(f"no {', '.join(sorted(missing))} method: not an audio-text-to-text "
-                           ".pte (`xnnfold hf` writes one for a VoxtralForConditionalGeneration)")
-        constant = lambda name: method_constant(self._program, name)  # noqa: E731
-        self.max_cache = int(constant("get_max_context_len"))
-        self.max_prefill = int(constant("get_max_seq_len"))
-        self.vocab_size = int(constant("get_vocab_size"))
-        self.audio_token = int(constant("get_audio_token_id"))
-        self.audio_tokens = int(constant("get_audio_tokens"))
-        self.audio_size = tuple(int(s) for s in constant("get_audio_size"))
-        eos = method_constant(self._program, "get_eos_ids", [])
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        self._methods = {name: self._program.load_method(name)
-                         for name in (AUDIO_ENCODER, TOKEN_EMBEDDING, TEXT_DECODER)}
+    ENCODER, KIND = AUDIO_ENCODER, AUDIO
+    WHAT = ("an audio-text-to-text .pte (`xnnfold hf` writes one for a "
+            "VoxtralForConditionalGeneration)")
+
+    def _input_constants(self, token: int, tokens: int, size: tuple) -> None:
+        self.audio_token, self.audio_tokens, self.audio_size = token, tokens, size
 
     def chunks(self, features) -> list:
         """``features`` as the audio encoder takes them: one (1, n_bins, n_frames) float32
@@ -73,13 +56,7 @@ class AudioGenerator(MultimodalGenerator):
         order; a run of k times N audio tokens takes the next k chunks of ``audios`` (as
         transformers places a long audio's chunks, one after the other); :class:`BadInput`
         for audios and audio tokens that do not match."""
-        tokens = [int(t) for t in tokens]
-        if not tokens:
-            raise BadInput("the prompt is empty: give at least one token")
-        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-        if bad:
-            raise BadInput(f"token {bad[0]} is outside the vocabulary (0 to "
-                           f"{self.vocab_size - 1})")
+        tokens = self.checked_tokens(tokens)
         runs = image_runs(tokens, self.audio_token)
         each = self.audio_tokens
         wrong = [end - start for start, end in runs if (end - start) % each]
@@ -103,8 +80,4 @@ class AudioGenerator(MultimodalGenerator):
         return pieces
 
     def encode_audio(self, features: torch.Tensor) -> torch.Tensor:
-        (embeddings,) = self._methods[AUDIO_ENCODER].execute((features,))
-        return embeddings
-
-    def encode(self, kind: str, value: torch.Tensor) -> torch.Tensor:
-        return self.encode_audio(value)
+        return self.encode(self.KIND, features)

@@ -56,29 +56,35 @@ def cut(tokens: Sequence[int], runs: Sequence, images: Sequence) -> list:
 
 
 class MultimodalGenerator:
-    """An image-text-to-text .pte (bytes or a path) loaded on the runtime."""
+    """An image-text-to-text .pte (bytes or a path) loaded on the runtime; a subclass for
+    another kind of input names its encoder method, its kind (the .pte's ``get_<kind>_token_id``,
+    ``get_<kind>_tokens``, ``get_<kind>_size`` constants) and its attributes for them."""
+
+    ENCODER, KIND = VISION_ENCODER, "image"
+    WHAT = ("an image-text-to-text .pte (`xnnfold hf` writes one for a "
+            "LlavaForConditionalGeneration or a SmolVLMForConditionalGeneration)")
 
     def __init__(self, pte: Union[bytes, str, Path]):
         data = pte if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes()
         self._data = bytes(data)              # the loaded program reads from this buffer
         self._program = verified_program(self._data)
-        missing = {VISION_ENCODER, TOKEN_EMBEDDING, TEXT_DECODER} - set(
-            self._program.method_names)
+        methods = (self.ENCODER, TOKEN_EMBEDDING, TEXT_DECODER)
+        missing = set(methods) - set(self._program.method_names)
         if missing:
-            raise BadInput(f"no {', '.join(sorted(missing))} method: not an image-text-to-text "
-                           ".pte (`xnnfold hf` writes one for a LlavaForConditionalGeneration "
-                           "or a SmolVLMForConditionalGeneration)")
+            raise BadInput(f"no {', '.join(sorted(missing))} method: not {self.WHAT}")
         constant = lambda name: method_constant(self._program, name)  # noqa: E731
         self.max_cache = int(constant("get_max_context_len"))
         self.max_prefill = int(constant("get_max_seq_len"))
         self.vocab_size = int(constant("get_vocab_size"))
-        self.image_token = int(constant("get_image_token_id"))
-        self.image_tokens = int(constant("get_image_tokens"))
-        self.image_size = tuple(int(s) for s in constant("get_image_size"))
+        self._input_constants(int(constant(f"get_{self.KIND}_token_id")),
+                              int(constant(f"get_{self.KIND}_tokens")),
+                              tuple(int(s) for s in constant(f"get_{self.KIND}_size")))
         eos = method_constant(self._program, "get_eos_ids", [])
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        self._methods = {name: self._program.load_method(name)
-                         for name in (VISION_ENCODER, TOKEN_EMBEDDING, TEXT_DECODER)}
+        self._methods = {name: self._program.load_method(name) for name in methods}
+
+    def _input_constants(self, token: int, tokens: int, size: tuple) -> None:
+        self.image_token, self.image_tokens, self.image_size = token, tokens, size
 
     def check_image(self, pixel_values) -> torch.Tensor:
         """``pixel_values`` as the vision encoder takes it, (1, C, H, W) float32 (one image
@@ -93,9 +99,9 @@ class MultimodalGenerator:
                            f"encoder takes one image of {wanted} (channels x height x width)")
         return image.to(torch.float32).contiguous()
 
-    def pieces(self, tokens: Sequence[int], images: Sequence) -> list:
-        """The prompt as the runner's inputs: ("tokens", ids) and ("image", pixel_values), in
-        order; :class:`BadInput` for images and image tokens that do not match."""
+    def checked_tokens(self, tokens: Sequence[int]) -> list:
+        """``tokens`` as ints, else :class:`BadInput`: an empty prompt, a token outside the
+        vocabulary."""
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise BadInput("the prompt is empty: give at least one token")
@@ -103,6 +109,12 @@ class MultimodalGenerator:
         if bad:
             raise BadInput(f"token {bad[0]} is outside the vocabulary (0 to "
                            f"{self.vocab_size - 1})")
+        return tokens
+
+    def pieces(self, tokens: Sequence[int], images: Sequence) -> list:
+        """The prompt as the runner's inputs: ("tokens", ids) and ("image", pixel_values), in
+        order; :class:`BadInput` for images and image tokens that do not match."""
+        tokens = self.checked_tokens(tokens)
         runs = image_runs(tokens, self.image_token)
         if len(runs) != len(images):
             raise BadInput(f"the prompt has {len(runs)} image(s) (runs of image token "
@@ -118,14 +130,13 @@ class MultimodalGenerator:
             (torch.tensor([list(tokens)], dtype=torch.long),))
         return embeddings
 
-    def encode_image(self, image: torch.Tensor) -> torch.Tensor:
-        (embeddings,) = self._methods[VISION_ENCODER].execute((image,))
+    def encode(self, kind: str, value: torch.Tensor) -> torch.Tensor:
+        """The embeddings of a piece that is not tokens (this .pte's kind) from its encoder."""
+        (embeddings,) = self._methods[self.ENCODER].execute((value,))
         return embeddings
 
-    def encode(self, kind: str, value: torch.Tensor) -> torch.Tensor:
-        """The embeddings of a piece that is not tokens (here an image; an audio .pte's
-        generator encodes its own kind)."""
-        return self.encode_image(value)
+    def encode_image(self, image: torch.Tensor) -> torch.Tensor:
+        return self.encode(self.KIND, image)
 
     def decode(self, embeddings: torch.Tensor, start: int) -> torch.Tensor:
         """``embeddings`` (1, T, hidden) into the cache from ``start``; the last one's logits,
