@@ -32,6 +32,7 @@ SCRIPTS = {
     "llm-runner": "llm_runner",
     "llm-folder": "llm_folder",
     "transformers-sweep": "transformers_sweep",
+    "optimum-multimodal": "optimum_multimodal",
 }
 
 
