@@ -6,8 +6,8 @@ same program; the folder's tokenizer copied beside it and the runner's command l
 The check: a prompt of ``--tokens`` tokens (the prefill phase), then
 :data:`~xnnfold.export.hf.plan.CHECK_STEPS` one-token calls (the decode phase) on the runtime,
 fed eager's greedy tokens; each call's logits against eager transformers' logits of the whole
-sequence at once (no cache; a quantized .pte against the quantized eager model, within
-:func:`~xnnfold.pte.compare.quantized_tolerance`), so the cache's update and its mask are
+sequence at once (no cache; a quantized .pte against the quantized eager model, within its
+own spread: :func:`~xnnfold.pte.compare.compare_to_spread`), so the cache's update and its mask are
 checked. Eager's side is computed before the lowering, and the written .pte is checked from its
 file once the exported program and the .pte's bytes are dropped: the check adds the runtime's
 load alone to the export's memory. The timing: interleaved rounds, each a prefill of the
