@@ -14,6 +14,20 @@ exactly the vocabulary, each prompt character one token. Every variant generates
 tokens after the same ``--prompt``-token prompt once per round, in a shuffled order, one thread;
 prefill ms (the whole prompt) and decode ms per token are medians over the rounds. The texts
 generated are compared (greedy: the same tokens). Verification is off: lowered as users lower.
+
+At a real model's dims, from a folder (``xnnfold bench llm-folder``'s):
+
+    xnnfold bench llm-runner --folder DIR [--folder DIR2] --keep KEEP [--quant none,8da4w]
+                             [--threads 1,2] [--optimum-cli PATH] [--llama-cpp BIN_DIR
+                             --gguf-converter LLAMA_CPP_TREE --gguf-python PATH] [--export-only]
+
+xnnfold's .pte (``xnnfold hf``), optimum-executorch's (its CLI) and llama.cpp's GGUF (f32 for
+fp32, q4_0 for 8da4w; ``llama-bench``) of each folder, exported one at a time under
+``/usr/bin/time -v`` into ``KEEP/FOLDER_NAME/`` (a file already there is reused: a rerun only
+measures), then per precision and thread count interleaved rounds in ``TextLLMRunner`` and
+``llama-bench``; one table of prefill, decode, their ratios and the memory floor, one of the
+exports' bytes, wall time and peak resident set (``KEEP/table.md``, rows in
+``KEEP/results.jsonl``).
 """
 
 from __future__ import annotations
@@ -37,8 +51,9 @@ def build_parser():
                       "timed; the .pte's longest chunk, get_max_seq_len, is 128)")
     args.add_argument("--new", type=int, default=64, help="tokens generated per round")
     args.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
-    args.add_argument("--quant", choices=["none", "8da4w", "int8"], default="none",
-                      help="xnnfold hf --quantize (optimum: --qlinear 8da4w / 8da8w)")
+    args.add_argument("--quant", help="xnnfold hf --quantize: none, 8da4w or int8 (optimum: "
+                      "--qlinear 8da4w / 8da8w); with --folder a comma-separated list of none "
+                      "and 8da4w (default: none; with --folder: none,8da4w)")
     args.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                       help=f"comma-separated, of: {', '.join(VARIANTS)} (runner*: "
                       "TextLLMRunner on xnnfold's forward .pte, its Stats; generate*: xnnfold "
@@ -51,7 +66,49 @@ def build_parser():
     args.add_argument("--keep", help="a folder to keep the model folder and the .pte files in "
                       "(default: a temporary one); a .pte already there is reused (for the same "
                       "arguments: the file names say the variant only)")
+    args.add_argument("--folder", action="append", help="a transformers folder (xnnfold "
+                      "bench llm-folder's) to measure instead of the toy model; repeatable; "
+                      "needs --keep")
+    args.add_argument("--threads", default="1", help="with --folder: comma-separated thread "
+                      "counts, each measured (the toy model: 1 only)")
+    args.add_argument("--llama-cpp", help="with --folder: llama.cpp's build folder holding "
+                      "llama-bench and llama-quantize (the llama.cpp variant; without it, "
+                      "skipped)")
+    args.add_argument("--gguf-converter", help="with --llama-cpp: the llama.cpp source tree "
+                      "whose convert_hf_to_gguf.py converts a folder to f32.gguf (needed only "
+                      "when KEEP has none)")
+    args.add_argument("--gguf-python", help="the python that runs the converter (with the "
+                      "gguf package of that tree; default: this one)")
+    args.add_argument("--export-only", action="store_true", help="with --folder: make the "
+                      "exports and their table, measure nothing")
     return args
+
+
+def _folder_args(args_parser, args) -> None:
+    """The checks of --folder's mode; the lists it runs over."""
+    from pathlib import Path
+
+    if not args.keep:
+        args_parser.error("--folder needs --keep (the exports are kept there)")
+    for folder in args.folder:
+        if not (Path(folder) / "config.json").is_file() or \
+                not (Path(folder) / "tokenizer.json").is_file():
+            args_parser.error(f"--folder {folder}: no config.json and tokenizer.json there")
+    precisions = (args.quant or "none,8da4w").split(",")
+    if not precisions or any(p not in ("none", "8da4w") for p in precisions):
+        args_parser.error(f"--quant {args.quant}: with --folder, of none and 8da4w")
+    args.precision_list = ["fp32" if p == "none" else p for p in precisions]
+    try:
+        args.thread_list = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        args.thread_list = []
+    if not args.thread_list or min(args.thread_list) < 1:
+        args_parser.error(f"--threads {args.threads}: comma-separated counts of at least 1")
+    if args.gguf_converter and not (Path(args.gguf_converter) /
+                                    "convert_hf_to_gguf.py").is_file():
+        args_parser.error(f"--gguf-converter {args.gguf_converter}: no convert_hf_to_gguf.py")
+    if args.llama_cpp and not (Path(args.llama_cpp) / "llama-bench").is_file():
+        args_parser.error(f"--llama-cpp {args.llama_cpp}: no llama-bench there")
 
 
 def parse_args(argv=None):
@@ -71,6 +128,14 @@ def parse_args(argv=None):
     if args.vocab < 200:
         args_parser.error("--vocab: at least 200 (the tokenizer's characters and fillers)")
     args.variant_list = variants
+    if args.folder:
+        _folder_args(args_parser, args)
+        return args
+    args.quant = args.quant or "none"
+    if args.quant not in ("none", "8da4w", "int8"):
+        args_parser.error(f"--quant {args.quant}: none, 8da4w or int8")
+    if args.threads != "1":
+        args_parser.error("--threads: the toy model runs on one thread (use --folder)")
     return args
 
 
@@ -78,10 +143,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)                  # --help answers before torch is imported
     from xnnfold.pte.quiet import quiet
     stderr_filter = quiet()
-    from xnnfold.bench import runner_timing as bench
+    from xnnfold.bench import runner_real, runner_timing
 
     try:
-        bench.run(args)
+        (runner_real if args.folder else runner_timing).run(args)
     finally:
         stderr_filter.close()
 
