@@ -16,11 +16,9 @@ export itself is optimum's, unchanged.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,19 +161,31 @@ class Export:
 
 def _timed(command: list, log: Path) -> tuple:
     """(exit code, wall seconds, peak RSS GB) of ``command`` under /usr/bin/time -v."""
-    start = time.perf_counter()
     with log.open("w") as out:
         code = subprocess.run(["/usr/bin/time", "-v", *command], stdout=out,
                               stderr=subprocess.STDOUT).returncode
-    seconds = time.perf_counter() - start
-    found = re.findall(r"Maximum resident set size \(kbytes\): (\d+)", log.read_text())
-    return code, seconds, (int(found[-1]) / 1e6 if found else float("nan"))
+    return (code, *_measured(log))
+
+
+def _measured(log: Path) -> tuple:
+    """(wall seconds, peak RSS GB) that /usr/bin/time -v wrote at the end of ``log``."""
+    text = log.read_text() if log.is_file() else ""
+    peak = re.findall(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    wall = re.findall(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
+    seconds = float("nan")
+    if wall:
+        seconds = 0.0
+        for part in wall[-1].split(":"):
+            seconds = 60 * seconds + float(part)
+    return seconds, (int(peak[-1]) / 1e6 if peak else float("nan"))
 
 
 def _failure(log: Path) -> str:
-    lines = [line for line in log.read_text().splitlines() if line.strip()
+    """The last line of ``log`` naming an error (else its last line), shortened."""
+    lines = [line.strip() for line in log.read_text().splitlines() if line.strip()
              and not line.startswith("\t") and "Command exited" not in line]
-    return lines[-1][:300] if lines else "no output"
+    errors = [line for line in lines if re.search(r"Error|error:", line)]
+    return (errors or lines or ["no output"])[-1][:300]
 
 
 def export_optimum(folder: Folder, optimum_cli: str, out: Path, max_seq_len: int) -> Export:
@@ -183,7 +193,7 @@ def export_optimum(folder: Folder, optimum_cli: str, out: Path, max_seq_len: int
     driver beside the CLI; an existing model.pte is reused)."""
     pte = out / "model.pte"
     if pte.is_file():
-        return Export("optimum", pte, float("nan"), float("nan"), "ok (reused)")
+        return Export("optimum", pte, *_measured(out / "export.log"), "ok (reused)")
     out.mkdir(parents=True, exist_ok=True)
     python = str(Path(optimum_cli).with_name("python"))
     driver = out / "optimum_driver.py"
@@ -202,7 +212,7 @@ def export_xnnfold(folder: Folder, out: Path, max_seq_len: int) -> Export:
     """``xnnfold hf`` of ``folder`` (its check on the runtime included), in this Python."""
     pte = out / f"{folder.name}.pte"
     if pte.is_file():
-        return Export("xnnfold", pte, float("nan"), float("nan"), "ok (reused)")
+        return Export("xnnfold", pte, *_measured(out / "export.log"), "ok (reused)")
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "xnnfold", "hf", str(folder.path), "-o", str(pte)]
     if folder.name != "t5":
@@ -210,11 +220,3 @@ def export_xnnfold(folder: Folder, out: Path, max_seq_len: int) -> Export:
     code, seconds, peak = _timed(command, out / "export.log")
     return Export("xnnfold", pte, seconds, peak,
                   "ok" if code == 0 and pte.is_file() else _failure(out / "export.log"))
-
-
-def pte_methods(pte: Path) -> dict:
-    """{method: (input shapes)} of a .pte, read by the runtime."""
-    from executorch.runtime import Runtime
-
-    program = Runtime.get().load_program(pte.read_bytes())
-    return {name: json.dumps(str(program.metadata(name))) for name in program.method_names}

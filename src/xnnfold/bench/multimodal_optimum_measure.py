@@ -61,8 +61,7 @@ def multimodal_inputs(name: str, model, seed: int = 0) -> tuple:
 
 
 def eager_tokens(name: str, model, ids: list, media: torch.Tensor, new: int) -> list:
-    """transformers' greedy ``generate`` (fp32) after ``ids`` with the media."""
-    inputs = {"input_ids": torch.tensor([ids])}
+    inputs = {"input_ids": torch.tensor([ids])}      # transformers' greedy generate, fp32
     if name == "gemma3":
         inputs["pixel_values"] = media
         inputs["token_type_ids"] = (inputs["input_ids"] == model.config.image_token_index).long()
@@ -71,6 +70,45 @@ def eager_tokens(name: str, model, ids: list, media: torch.Tensor, new: int) -> 
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=new, do_sample=False)
     return out[0, len(ids):].tolist()
+
+
+def prefill_logits(pte: Path, before: list, media: torch.Tensor, after: list) -> torch.Tensor:
+    """The last position's logits after the runner's prefill calls, made on the runtime: the
+    text before, the encoder's embeddings, the text after, one ``text_decoder`` call each."""
+    from executorch.runtime import Runtime
+
+    from ..pte.runner import load_llm_kernels
+
+    load_llm_kernels(pte.read_bytes())
+    program = Runtime.get().load_program(pte)
+    embed, decode = program.load_method("token_embedding"), program.load_method("text_decoder")
+    (image,) = program.load_method("vision_encoder").execute((media,))
+    position, logits = 0, None
+    for part in (embed.execute((torch.tensor([before]),))[0], image,
+                 embed.execute((torch.tensor([after]),))[0]):
+        rows = int(part.shape[1])
+        (logits,) = decode.execute((part, torch.arange(position, position + rows)))
+        position += rows
+    return logits.reshape(-1, logits.shape[-1])[-1:]
+
+
+def gemma3_mask_check(model, pte: Path, before: list, media, after: list) -> str:
+    """The .pte's prefill logits against eager Gemma3's (its image tokens attending to each
+    other both ways, ``token_type_ids``) and against eager's with a causal mask over the image
+    (no ``token_type_ids``), each at the row's scale (:func:`~xnnfold.pte.compare`)."""
+    from ..pte.compare import compare_outputs
+
+    ids = torch.tensor([before + [model.config.image_token_index]
+                        * model.config.mm_tokens_per_image + after])
+    got = prefill_logits(pte, before, media, after)
+    verdicts = []
+    with torch.no_grad():
+        for label, types in (("bidirectional (transformers')", (ids == model.config.
+                              image_token_index).long()), ("causal", None)):
+            eager = model(input_ids=ids, pixel_values=media, token_type_ids=types).logits[0, -1:]
+            verdicts.append(f"vs eager {label}: {compare_outputs([got], [eager], per_row=True)}"
+                            f", max |logit| {eager.abs().max():.2f}")
+    return "; ".join(verdicts)
 
 
 class InMultimodalRunner:
@@ -110,6 +148,33 @@ class InMultimodalRunner:
         return (time.perf_counter() - start) * 1e3
 
 
+class _DecodeStep:
+    """One ``text_decoder`` call of one embedding at a fixed position (the cache left as the
+    last call wrote it): the decode step alone, without the runner's sampling."""
+
+    def __init__(self, pte: Path, width: int, position: int):
+        from executorch.runtime import Runtime
+
+        from ..pte.runner import load_llm_kernels
+
+        load_llm_kernels(pte.read_bytes())
+        self.method = Runtime.get().load_program(pte).load_method("text_decoder")
+        embedding = torch.randn(1, 1, width, generator=torch.Generator().manual_seed(0))
+        self.inputs = (embedding, torch.tensor([position]))
+
+    def run(self, _=None):
+        self.method.execute(self.inputs)
+
+
+def decode_steps(ptes: dict, width: int, position: int, rounds: int) -> dict:
+    """{tool: median ms} of :class:`_DecodeStep`, interleaved."""
+    from ..pte.timing import time_interleaved
+
+    steps = {tool: _DecodeStep(pte, width, position) for tool, pte in ptes.items()}
+    return {tool: statistics.median(times)
+            for tool, times in time_interleaved(steps, (), rounds).items()}
+
+
 def measure_multimodal(name: str, folder: Path, ptes: dict, rounds: int, new: int) -> dict:
     """{tool: {column: value}} for Gemma3 / Voxtral (:class:`InMultimodalRunner`)."""
     import transformers
@@ -120,6 +185,9 @@ def measure_multimodal(name: str, folder: Path, ptes: dict, rounds: int, new: in
     model = cls.from_pretrained(folder, dtype=torch.float32).eval()
     before, media, after, ids = multimodal_inputs(name, model)
     expected = eager_tokens(name, model, ids, media, new)
+    masks = {tool: gemma3_mask_check(model, pte, before, media, after)
+             for tool, pte in ptes.items()} if name == "gemma3" else {}
+    width = model.config.text_config.hidden_size
     del model
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     reference = tokenizer.decode(expected, skip_special_tokens=True)   # the runner prints no end
@@ -132,11 +200,16 @@ def measure_multimodal(name: str, folder: Path, ptes: dict, rounds: int, new: in
                       "expected": reference[:60], ".pte bytes": runner.pte.stat().st_size,
                       "encoder outside XNNPACK": _outside(runner.pte, (media,),
                                                           runner.encoder_name)}
+        if tool in masks:
+            rows[tool]["prefill logits"] = masks[tool]
     medians = medians_interleaved(
         runners, lambda r: (r.encode_ms(), *r.generate(before, after, new)[:2]), rounds)
     for tool, (encoder, prefill, decode) in medians.items():
         rows[tool].update({"encoder ms": encoder, "prefill ms": prefill,
                            "decode ms/token": decode, "prompt tokens": len(ids)})
+    del runners
+    for tool, step in decode_steps(ptes, width, len(ids), 10 * rounds).items():
+        rows[tool]["decode step ms"] = step
     return rows
 
 
@@ -175,13 +248,3 @@ def measure_t5(folder: Path, ptes: dict, rounds: int, new: int, source: int = 12
             "step outside XNNPACK": portable_share(variant, position, expected[0]),
             "prompt tokens": source})
     return rows
-
-
-def load_line() -> str:
-    import os
-
-    return "load average " + " / ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
-def median(values) -> float:
-    return statistics.median(values)

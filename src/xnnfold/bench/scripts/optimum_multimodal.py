@@ -58,7 +58,7 @@ def _cell(value) -> str:
 
 
 COLUMNS = ("export", ".pte bytes", "encoder ms", "prefill ms", "decode ms/token",
-           "outside XNNPACK", "greedy vs generate")
+           "decode step ms", "outside XNNPACK", "greedy vs generate")
 
 
 def table_rows(name: str, exports: dict, measured: dict) -> list:
@@ -71,7 +71,7 @@ def table_rows(name: str, exports: dict, measured: dict) -> list:
             made = f"fails ({export.seconds:,.0f} s, {export.peak_gb:.2f} GB): {export.status}"
         equal = cells.get("text equals generate", cells.get("ids equal generate", ""))
         rows.append([name, tool, made] + [_cell(cells.get(c, "")) for c in (
-            ".pte bytes", "encoder ms", "prefill ms", "decode ms/token")]
+            ".pte bytes", "encoder ms", "prefill ms", "decode ms/token", "decode step ms")]
             + [cells.get("encoder outside XNNPACK", cells.get("step outside XNNPACK", "")),
                _cell(equal)])
     return rows
