@@ -84,6 +84,10 @@ def main(argv=None) -> int:
         build_parser().error(f"--models: of {', '.join(MODELS)}")
     if min(args.encoder_layers, args.text_layers, args.rounds, args.new) < 1:
         build_parser().error("--encoder-layers, --text-layers, --rounds, --new: at least 1")
+    if args.optimum_cli and not (Path(args.optimum_cli).is_file()
+                                 and Path(args.optimum_cli).with_name("python").is_file()):
+        build_parser().error(f"--optimum-cli {args.optimum_cli}: not an optimum-cli with a "
+                             "python beside it (a venv's bin/)")
     from xnnfold.bench.decode import machine_line, one_thread
     from xnnfold.bench.multimodal_optimum import (export_optimum, export_xnnfold,
                                                   write_folder)
