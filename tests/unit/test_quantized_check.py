@@ -36,7 +36,7 @@ def test_a_pte_within_eager_spread_passes_and_says_by_how_much():
 
 def test_every_row_off_by_many_small_differences_is_wrong():
     """Rule: a row's relative RMS within SPREAD_FACTOR times eager's. Every logit off by 0.09,
-    each within SPREAD_FACTOR times eager's largest difference (one logit a row off by 0.1):
+    each within eager's largest difference (one logit a row off by 0.1):
     only the whole row says it is wrong."""
     expected = _logits()
     spread = expected.clone()
@@ -44,19 +44,19 @@ def test_every_row_off_by_many_small_differences_is_wrong():
     actual = expected + 0.09 * torch.randn(ROWS, VOCAB).sign()
     verdict = compare_to_spread(actual, expected, spread)
     assert not verdict.ok and "a row's relative RMS" in verdict.reason, verdict
-    assert float((actual - expected).abs().max()) < SPREAD_FACTOR * 0.1
+    assert float((actual - expected).abs().max()) < 0.1
 
 
 def test_one_logit_far_off_is_wrong():
-    """Rule: the largest difference within SPREAD_FACTOR times eager's. One logit off by 1.0
+    """Rule: the largest difference within SPREAD_FACTOR times eager's. One logit off by 0.6
     in a row whose others are as close as eager's spread: its relative RMS stays within
     SPREAD_FACTOR times eager's, its largest difference does not."""
     expected = _logits()
     spread = expected + 0.01 * torch.randn(ROWS, VOCAB)
     actual = expected + 0.01 * torch.randn(ROWS, VOCAB)
-    actual[2, 7] = expected[2, 7] + 1.0
+    actual[2, 7] = expected[2, 7] + 0.6
     verdict = compare_to_spread(actual, expected, spread)
-    assert not verdict.ok and "max abs diff 1, " in verdict.reason, verdict
+    assert not verdict.ok and "max abs diff 0.6, " in verdict.reason, verdict
     rows = (actual - expected).norm(dim=1) / (spread - expected).norm(dim=1)
     assert float(rows.max()) < SPREAD_FACTOR, rows
 

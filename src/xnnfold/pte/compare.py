@@ -68,12 +68,14 @@ def quantized_tolerance(expected) -> dict:
 # activation entering a quantized linear moved by a relative SPREAD_NUDGE (a fortieth of an
 # 8-bit quantum at a token's largest value: some activations round to the neighbouring quantum,
 # as in kernels that round otherwise). Measured (random N(0, 0.02) weights at SmolLM2-135M's
-# widths, 1, 2 and 4 layers, 16 decode steps, 2026-12-06): xnnfold's and stock's .pte (the
-# same logits) 0.94-1.24x that spread in the largest difference and the rows' relative RMS;
-# a broken .pte 7.7x and more (a cache row skipped, or overwritten: 7.7-22x; a layer dropped:
-# 30x; the cache not read: 53x); the verdict passes within SPREAD_FACTOR times it.
+# widths, 1, 2, 4 and 30 layers, 2026-12-06): xnnfold's and stock's .pte (the same logits)
+# 0.94-1.24x that spread in the largest difference and the rows' relative RMS; a broken .pte
+# 2.9x and more (each decode step a cache row further or overwriting the previous token's:
+# 7.7-22x at 1-4 layers, 2.9-3.4x at 30, where random layers dilute one row; a layer dropped
+# 9x and more; the cache not read 46x and more); the verdict passes within SPREAD_FACTOR
+# times it, between the two.
 SPREAD_NUDGE = 1e-4
-SPREAD_FACTOR = 4.0
+SPREAD_FACTOR = 2.0
 
 
 def _row_rms(d: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
