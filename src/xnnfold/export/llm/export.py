@@ -43,6 +43,7 @@ from ...usage import first_line
 from ..experts import routed_experts
 from ..static_cache import with_static_cache
 from .quantize import quantized_copy
+from .release import release_lowering_memory
 from .sizes import positions_of, runner_metadata, sizes, text_config  # noqa: F401 - its names
 
 # The one method executorch's runner calls (llm_runner_helper: "forward" when the program has
@@ -172,10 +173,14 @@ def lower_generation(generation: GenerationPrograms, partitioner_class=None,
     # chunks (and the lowered programs' copies of the weights) are dropped, it is there once.
     if output is not None:             # streamed into its file, never whole in memory
         write_atomically(output, program)
+        del program, edge
+        # the delegates torch's and executorch's caches hold (release.py)
+        release_lowering_memory(generation.programs.values())
         return LoweredGeneration(None, partitioners, inspected)
     with tempfile.TemporaryFile() as file:
         program.write_to_file(file)
         del program, edge
+        release_lowering_memory(generation.programs.values())
         file.seek(0)
         pte = file.read()
     return LoweredGeneration(pte, partitioners, inspected)
