@@ -90,7 +90,7 @@ def compare_to_spread(actual: torch.Tensor, expected: torch.Tensor,
     within :data:`SPREAD_FACTOR` times eager's; the greedy tokens' agreement reported."""
     a, e, s = (t.detach().double().reshape(-1, t.shape[-1]) for t in (actual, expected, spread))
     floor = ROW_TOLERANCE[torch.float32] * float(e.abs().max())      # fp32 rounding at least
-    largest = max(float((s - e).abs().max()), floor)
+    largest = max(float((s - e).abs().max()), floor, 1e-30)     # all-zero logits: no 0/0
     verdict = _compare_one(0, actual, expected, 0.0, SPREAD_FACTOR * largest)
     if verdict.reason is not None and "beyond" not in verdict.reason:
         return verdict                      # not comparable: shape, dtype, NaN or inf
