@@ -84,6 +84,8 @@ class LlamaBench:
         done = subprocess.run(self.command + ["-n", str(new), "-t", str(threads)],
                               capture_output=True, text=True, check=True)
         tests = json.loads(done.stdout)
+        self.build = {k: tests[0].get(k) for k in ("build_commit", "build_number", "cpu_info",
+                                                   "backends", "type_k")}
         pick = {(t["n_prompt"], t["n_gen"], t["n_depth"]): t["avg_ns"] / 1e6 for t in tests}
         return pick[(self.prompt, 0, 0)], pick[(0, new, self.prompt)] / new, self.prompt
 
@@ -127,6 +129,8 @@ def measure(folder: Path, keep: Path, precision: str, threads: int, made: dict,
            "rounds": args.rounds, "copy_GBps": bandwidth / 1e9, "load": loads,
            "floor_ms": decode_bytes(config, precision, args.prompt + args.new // 2) /
            bandwidth * 1e3, "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if "llama.cpp" in tools:
+        row["llama.cpp build"] = tools["llama.cpp"].build
     for tool, (prefills, decodes, counts) in times.items():
         row[tool] = {"prefill_ms": statistics.median(prefills),
                      "decode_ms": statistics.median(decodes), "prompt_tokens": sorted(counts),
