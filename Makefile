@@ -21,18 +21,18 @@ demo: $(STAMP)
 	$(PY) -m xnnfold report --models cross-attention-512,decoder-layer-512 \
 	    --variants stock,xnnfold,ideal --reps 20 --out out/report
 
-# Two workers (pytest-xdist); the long property shards first (tests/conftest.py), and a worker
-# that runs out of tests takes over half of the other's queue (worksteal).
+# Two workers (pytest-xdist): the tests that share a module fixture run on one worker, which
+# builds it once, the largest groups first (tests/worker_groups.py; --dist loadgroup).
 # MALLOC_PERTURB_: glibc hands out heap memory filled with 0x5A, so what reads memory nothing
 # wrote (a planned tensor no kernel filled, a model's uninitialized buffer) reads the same
 # garbage in every test and fails there, not zeros in a young process and garbage in an old one.
 test: $(STAMP)
-	MALLOC_PERTURB_=165 $(PY) -m pytest -q -n 2 --dist worksteal --durations=5 tests
+	MALLOC_PERTURB_=165 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=5 tests
 
 # make test and the slow set (tests marked slow: more architectures and modes, the property
 # test's second half); about 25 min on 2 idle cores.
 test-all: $(STAMP)
-	XNNFOLD_SLOW_TESTS=1 MALLOC_PERTURB_=165 $(PY) -m pytest -q -n 2 --dist worksteal \
+	XNNFOLD_SLOW_TESTS=1 MALLOC_PERTURB_=165 $(PY) -m pytest -q -n 2 --dist loadgroup \
 	    --durations=5 tests
 
 # The property test's long profile: random (not derandomized), 1,000 examples by default, in two

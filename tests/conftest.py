@@ -19,6 +19,7 @@ from typing import Optional
 import numpy
 import pytest
 import torch
+import worker_groups
 
 from xnnfold import XnnpackPartitioner
 from xnnfold import config as xnnfold_config
@@ -130,6 +131,7 @@ def set_strict(monkeypatch, strict: bool) -> None:
 
 
 def pytest_configure(config):
+    worker_groups.start(config)
     config.addinivalue_line("markers", f"slow: left out of make test (run with {SLOW_ENV}=1, "
                                        "make test-all)")
     config.addinivalue_line("markers", "fallback_expected: the test expects xnnfold to fall "
@@ -536,13 +538,19 @@ SLOW_ENV = "XNNFOLD_SLOW_TESTS"
 def pytest_collection_modifyitems(config, items):
     """Leave out the slow set unless asked; the property shards (the suite's longest tests,
     25-35 s each) first: workers start with them and the short tests fill in behind, instead
-    of one worker finishing on a long shard while the other idles."""
+    of one worker finishing on a long shard while the other idles. Tests that share a
+    module-scoped fixture go to one worker (``worker_groups``)."""
     if os.environ.get(SLOW_ENV) != "1":
         slow = [item for item in items if item.get_closest_marker("slow")]
         if slow:
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
     items.sort(key=lambda item: 0 if "test_generated_programs" in item.nodeid else 1)
+    worker_groups.write(items)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return worker_groups.make_scheduler(config, log)
 
 
 def tiny_wav2vec2_config(transformers, layers: int):

@@ -24,9 +24,11 @@ def _saved(folder, model):
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tf():
-    return import_transformers()      # a test requirement: a failure to import fails the tests
+    # a test requirement: a failure to import fails the tests. Not module-scoped (an import
+    # costs nothing twice): a module fixture ties every test using it to one worker (conftest)
+    return import_transformers()
 
 
 def _rows(printed: str) -> dict:
