@@ -229,13 +229,13 @@ SLOW = {*QUANTIZED, "phi3", "qwen2", "gemma3"}
 @pytest.fixture(scope="module", params=[
     pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name
     for name in (*ARCHITECTURES, LLM_KERNELS, *QUANTIZED)])
-def generation(request, tf, tmp_path_factory):
+def generation(request, tmp_path_factory):
     """A causal LM saved with a tokenizer.json, through ``hf`` into another folder (its check
     included; llama also beside stock, timed), and the same weights loaded back for eager
     (quantized as the .pte's)."""
     name = request.param
     if name not in _GENERATIONS:
-        _GENERATIONS[name] = _generation(name, tf, tmp_path_factory)
+        _GENERATIONS[name] = _generation(name, import_transformers(), tmp_path_factory)
     return _GENERATIONS[name]
 
 
