@@ -210,6 +210,19 @@ def test_rows_without_the_flag_are_measured_again_first_and_replaced_in_place(tm
     assert rows[1]["error"] == "not built: LookupError: boxes"
 
 
+def test_a_redo_that_exports_less_keeps_the_earlier_row(tmp_path, monkeypatch):
+    before_the_flag = ["class", "model_type", "error", "stock_export", "xnnfold_export", "ratio"]
+    with open(tmp_path / "sweep.csv", "w", newline="") as file:
+        csv.writer(file).writerows([before_the_flag, ["A", "a", "", "yes", "yes", "0.8"]])
+    monkeypatch.setattr(tiny_models, "model_classes", lambda: [("A", "a")])
+    monkeypatch.setattr(transformers_sweep, "_run_one", lambda *args: {
+        "class": "A", "model_type": "a", "error": "timed out after 900 s", "stock_export": "yes"})
+    transformers_sweep.sweep(tmp_path, echo=lambda line: None, redo_missing_variant=True)
+    with open(tmp_path / "sweep.csv", newline="") as file:
+        row = next(csv.DictReader(file))
+    assert (row["xnnfold_export"], row["ratio"], row["error"]) == ("yes", "0.8", "")
+
+
 @pytest.mark.parametrize("row, again", [
     (GAIN, False),
     ({**GAIN, **BEFORE_THE_FLAG}, True),

@@ -51,6 +51,11 @@ def lacks_a_variant(row: dict) -> bool:
         row.get(f"{variant}_export") for variant in VARIANTS)
 
 
+def _exported(row: dict) -> int:
+    """How many variants exported in ``row``."""
+    return sum(row.get(f"{variant}_export") == "yes" for variant in VARIANTS)
+
+
 def _run_one(class_name: str, model_type: str, folder: Path, timeout: float,
              rounds: int) -> dict:
     import torch
@@ -101,6 +106,11 @@ def sweep(folder: Path, pattern: str = "", limit: int = 0, timeout: float = 900,
     for index, (class_name, model_type) in enumerate(todo, 1):
         start = time.perf_counter()
         row = _run_one(class_name, model_type, folder, timeout, rounds)
+        if class_name in done and _exported(row) < _exported(done[class_name]):
+            # a redo that got less (a timeout on a loaded machine) keeps the row it had
+            echo(f"[{index}/{len(todo)}] {class_name}: measured again, fewer exports "
+                 f"({row.get('error') or 'no reason'}): the earlier row kept")
+            continue
         if class_name in done:
             rows[next(i for i, r in enumerate(rows) if r["class"] == class_name)] = row
         else:
