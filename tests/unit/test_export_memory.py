@@ -1,6 +1,10 @@
 """What an LLM export holds in memory, on small graphs: the quantized copy shares the caller's
 tensors (no second copy of the weights) and leaves the caller's model as it was; the .pte is
-built through a file (its bytes those of executorch's ``.buffer``)."""
+built through a file (its bytes those of executorch's ``.buffer``); no lowered delegate outlives
+the written .pte."""
+
+import gc
+import weakref
 
 import torch
 from torch import nn
@@ -20,6 +24,19 @@ class _Tied(nn.Module):
     def forward(self, ids):
         return self.head(self.body(self.embed(ids)) * self.scale)
 
+
+
+class _Counter(nn.Module):
+    """A linear and a buffer the program writes: a generation program's two kinds of state."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(width))
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x):
+        self.total.add_(x.sum(0))
+        return self.linear(x) + self.total
 
 def test_the_quantized_copy_shares_the_callers_tensors_and_changes_nothing_of_it():
     model = _Tied().eval()
@@ -49,17 +66,7 @@ def test_the_pte_read_back_from_the_file_is_executorchs_buffer(tmp_path):
 
     from xnnfold.export.llm.export import GenerationPrograms, lower_generation
 
-    class Counter(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("total", torch.zeros(4))
-            self.linear = nn.Linear(4, 4)
-
-        def forward(self, x):
-            self.total.add_(x.sum(0))
-            return self.linear(x) + self.total
-
-    program = torch.export.export(Counter().eval(), (torch.ones(2, 4),))
+    program = torch.export.export(_Counter(4).eval(), (torch.ones(2, 4),))
     lowered = lower_generation(GenerationPrograms({"forward": program}))
     from xnnfold.export.llm.export import emit_config
     from xnnfold.partitioner import XnnpackPartitioner
@@ -132,3 +139,30 @@ def test_the_written_pte_is_checked_from_its_file_with_the_program_dropped(tmp_p
     generation.export_generation(model, output, False, 4, 1, "speed", True, None, None)
     assert order == ["export", "eager", "lower"] and given == [output]
     assert output.read_bytes() == bytes(16)
+
+
+# After lower_generation has written its .pte, nothing keeps the lowered delegates (and
+# XNNPACK's serialized copy of the weights they hold) alive: torch's fake-tensor dispatch caches
+# hold them otherwise (xnnfold.export.llm.release).
+
+def _delegates(edge) -> list:
+    from executorch.exir.lowered_backend_module import get_lowered_submodules
+
+    graph_module = edge.exported_program("forward").graph_module
+    return [weakref.ref(module) for _, module, _ in get_lowered_submodules(graph_module)]
+
+
+def test_no_lowered_delegate_outlives_the_written_pte(tmp_path):
+    from xnnfold.export.llm.export import GenerationPrograms, lower_generation
+
+    torch.manual_seed(0)
+    rows = torch.export.Dim("rows", min=1, max=8)      # a ShapeEnv's cache, and the class's
+    program = torch.export.export(_Counter(16).eval(), (torch.randn(3, 16),),
+                                  dynamic_shapes=({0: rows},))
+    lowered = lower_generation(GenerationPrograms({"forward": program}), before_emit=_delegates,
+                               output=tmp_path / "m.pte")
+    delegates = lowered.inspected
+    assert delegates and (tmp_path / "m.pte").stat().st_size > 0
+    gc.collect()
+    alive = [ref() for ref in delegates if ref() is not None]
+    assert not alive, f"{len(alive)} of {len(delegates)} lowered delegates still alive"

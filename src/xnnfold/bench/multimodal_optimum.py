@@ -17,12 +17,13 @@ export itself is optimum's, unchanged.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from . import timed_command
 
 VOCAB = 32_768      # the text models' vocabulary, cut from 262,208 / 131,072 (memory: below)
 
@@ -161,23 +162,15 @@ class Export:
 
 def _timed(command: list, log: Path) -> tuple:
     """(exit code, wall seconds, peak RSS GB) of ``command`` under /usr/bin/time -v."""
-    with log.open("w") as out:
-        code = subprocess.run(["/usr/bin/time", "-v", *command], stdout=out,
-                              stderr=subprocess.STDOUT).returncode
-    return (code, *_measured(log))
+    return (timed_command.run_timed(command, log), *_measured(log))
 
 
 def _measured(log: Path) -> tuple:
-    """(wall seconds, peak RSS GB) that /usr/bin/time -v wrote at the end of ``log``."""
-    text = log.read_text() if log.is_file() else ""
-    peak = re.findall(r"Maximum resident set size \(kbytes\): (\d+)", text)
-    wall = re.findall(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
-    seconds = float("nan")
-    if wall:
-        seconds = 0.0
-        for part in wall[-1].split(":"):
-            seconds = 60 * seconds + float(part)
-    return seconds, (int(peak[-1]) / 1e6 if peak else float("nan"))
+    """(wall seconds, peak RSS "GB" as this bench's table gives it: /usr/bin/time's kbytes /
+    1e6) of the report at the end of ``log``; nan for what it lacks."""
+    seconds, kib = timed_command.time_report(log)
+    return (float("nan") if seconds is None else seconds,
+            float("nan") if kib is None else kib / 1e6)
 
 
 def _failure(log: Path) -> str:

@@ -13,12 +13,12 @@ Each export's ``/usr/bin/time -v`` report is kept beside its file as ``NAME.expo
 
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from . import timed_command
 
 # llama.cpp's converter names a BPE tokenizer's pre-tokenizer by the hash of its output on a
 # test text and refuses one it does not know; the bench folders' tokenizer (each character a
@@ -53,32 +53,20 @@ class Export:
 
 
 def time_report(log: Path) -> tuple:
-    """(wall seconds, peak resident bytes) from a ``/usr/bin/time -v`` report, (None, None)
-    without one."""
-    if not log.is_file():
-        return None, None
-    text = log.read_text(errors="replace")
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
-    peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
-    seconds = None
-    if wall:
-        seconds = 0.0
-        for part in wall.group(1).split(":"):
-            seconds = seconds * 60 + float(part)
-    return seconds, (int(peak.group(1)) * 1024 if peak else None)
+    """(wall seconds, peak resident bytes) from ``log``'s ``/usr/bin/time -v`` report."""
+    seconds, kib = timed_command.time_report(log)
+    return seconds, (kib * 1024 if kib is not None else None)
 
 
 def _timed(command: list, log: Path, output: Path, tool: str, precision: str) -> Export:
     """``output``, made by ``command`` unless it is there already (with ``--keep``)."""
     if not output.is_file():
         print(f"{tool} {precision}: exporting ({' '.join(map(str, command))})", flush=True)
-        with open(log, "w") as report:
-            done = subprocess.run(["/usr/bin/time", "-v", *map(str, command)], stdout=report,
-                                  stderr=subprocess.STDOUT)
-        if done.returncode != 0 or not output.is_file():
+        code = timed_command.run_timed(command, log)
+        if code != 0 or not output.is_file():
             lines = log.read_text(errors="replace").splitlines()
             failure = next((line for line in reversed(lines) if "Error" in line), "no output")
-            print(f"{tool} {precision}: export failed (exit {done.returncode}, {log}): "
+            print(f"{tool} {precision}: export failed (exit {code}, {log}): "
                   f"{failure.strip()[:300]}", flush=True)
             return Export(tool, precision, None, *time_report(log), error=failure.strip())
     wall, peak = time_report(log)

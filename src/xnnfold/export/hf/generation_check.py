@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import nn
 
 from . import plan as hf_plan
 
@@ -50,6 +49,7 @@ def nudged_logits(model, sequence: list, seed: int = 0) -> torch.Tensor:
     sensitivity to its kernels' rounding, what a quantized .pte is judged against. The hooks
     are removed before this returns: ``model`` is left as it was."""
     from ...pte.compare import SPREAD_NUDGE
+    from ..llm.quantize import quantized_linears
 
     generator = torch.Generator().manual_seed(seed)
 
@@ -58,8 +58,7 @@ def nudged_logits(model, sequence: list, seed: int = 0) -> torch.Tensor:
         noise = torch.randn(x.shape, generator=generator, dtype=x.dtype)
         return (x * (1 + SPREAD_NUDGE * noise),) + tuple(args[1:])
 
-    hooks = [m.register_forward_pre_hook(nudged) for m in model.modules()
-             if isinstance(m, nn.Linear) and type(m.weight.data) is not torch.Tensor]
+    hooks = [m.register_forward_pre_hook(nudged) for m in quantized_linears(model)]
     try:
         with torch.no_grad():
             return model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0]

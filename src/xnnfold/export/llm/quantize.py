@@ -138,11 +138,16 @@ def _quantized_weight(weight: torch.Tensor, config):
         activation_quantization="int8_asym_per_token")
 
 
+def quantized_linears(model: nn.Module) -> list:
+    """The linears of ``model`` whose weight is quantized (a tensor subclass of torchao's, not
+    a plain tensor)."""
+    return [m for m in model.modules()
+            if isinstance(m, nn.Linear) and type(m.weight.data) is not torch.Tensor]
+
+
 def is_quantized(model: nn.Module) -> bool:
-    """Whether some linear of ``model`` has a quantized weight (a tensor subclass of torchao's,
-    not a plain tensor)."""
-    return any(isinstance(m, nn.Linear) and type(m.weight.data) is not torch.Tensor
-               for m in model.modules())
+    """Whether some linear of ``model`` has a quantized weight (:func:`quantized_linears`)."""
+    return bool(quantized_linears(model))
 
 
 def quantized_copy(model: nn.Module, scheme: str) -> nn.Module:
