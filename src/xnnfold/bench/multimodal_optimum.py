@@ -166,11 +166,11 @@ def _timed(command: list, log: Path) -> tuple:
 
 
 def _measured(log: Path) -> tuple:
-    """(wall seconds, peak RSS "GB" as this bench's table gives it: /usr/bin/time's kbytes /
-    1e6) of the report at the end of ``log``; nan for what it lacks."""
+    """(wall seconds, peak RSS in GB: /usr/bin/time's "kbytes" are KiB, so x 1024 / 1e9) of
+    the report at the end of ``log``; nan for what it lacks."""
     seconds, kib = timed_command.time_report(log)
     return (float("nan") if seconds is None else seconds,
-            float("nan") if kib is None else kib / 1e6)
+            float("nan") if kib is None else kib * 1024 / 1e9)
 
 
 def _failure(log: Path) -> str:
