@@ -223,6 +223,29 @@ def test_a_redo_that_exports_less_keeps_the_earlier_row(tmp_path, monkeypatch):
     assert (row["xnnfold_export"], row["ratio"], row["error"]) == ("yes", "0.8", "")
 
 
+def test_two_sweeps_merge_each_class_once_keeping_the_row_with_more_exports(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for folder in (one, two):
+        folder.mkdir()
+    timed_out = {"class": "B", "model_type": "b", "error": "timed out after 900 s",
+                 "stock_export": "yes"}
+    transformers_sweep.write_rows(one / "sweep.csv", [
+        {**GAIN, "class": "A", "model_type": "a"}, timed_out])
+    transformers_sweep.write_rows(two / "sweep.csv", [
+        {**GAIN, "class": "A", "model_type": "a", "ratio": "0.5"},       # a tie: one's kept
+        {**GAIN, "class": "B", "model_type": "b"},                       # more exports: taken
+        {**GAIN, "class": "C", "model_type": "c"}])                      # new
+    assert transformers_sweep.merge(one, [two]) == 2
+    rows = transformers_sweep.read_rows(one / "sweep.csv")
+    assert [(r["class"], r["xnnfold_export"]) for r in rows] == [("A", "yes"), ("B", "yes"),
+                                                                  ("C", "yes")]
+    assert rows[0]["ratio"] == GAIN["ratio"]
+    assert "3 classes" in (one / "sweep.md").read_text()
+    assert transformers_sweep.merge(one, [two]) == 0                     # idempotent
+    with pytest.raises(FileNotFoundError, match="no sweep.csv"):
+        transformers_sweep.merge(one, [tmp_path / "none"])
+
+
 @pytest.mark.parametrize("row, again", [
     (GAIN, False),
     ({**GAIN, **BEFORE_THE_FLAG}, True),

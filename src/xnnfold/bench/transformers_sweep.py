@@ -56,6 +56,36 @@ def _exported(row: dict) -> int:
     return sum(row.get(f"{variant}_export") == "yes" for variant in VARIANTS)
 
 
+def merge(folder: Path, others: list) -> int:
+    """Rows of the sweeps in ``others`` into ``folder``'s table (two sweeps over disjoint
+    ``--classes`` in two folders use both cores; each folder's table is rewritten whole by its
+    own process, so they cannot share one). A class in both keeps the row with more exports,
+    ``folder``'s on a tie (the rule a redo follows). Returns how many rows were added or
+    replaced; ``sweep.md`` is written again."""
+    from .transformers_sweep_table import write_markdown
+
+    table = folder / "sweep.csv"
+    rows = read_rows(table)
+    where = {row["class"]: index for index, row in enumerate(rows)}
+    changed = 0
+    for other in others:
+        if not (Path(other) / "sweep.csv").is_file():
+            raise FileNotFoundError(f"{other}: no sweep.csv to merge")
+        for row in read_rows(Path(other) / "sweep.csv"):
+            index = where.get(row["class"])
+            if index is None:
+                where[row["class"]] = len(rows)
+                rows.append(row)
+                changed += 1
+            elif _exported(row) > _exported(rows[index]):
+                rows[index] = row
+                changed += 1
+    folder.mkdir(parents=True, exist_ok=True)
+    write_rows(table, rows)
+    write_markdown(table, folder / "sweep.md")
+    return changed
+
+
 def _run_one(class_name: str, model_type: str, folder: Path, timeout: float,
              rounds: int) -> dict:
     import torch
