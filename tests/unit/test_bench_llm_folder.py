@@ -18,7 +18,7 @@ TINY = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
 def tiny_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen")
     written = random_folder.write_folder(folder, "qwen2.5-0.5b", layers=2, overrides={
-        **TINY, "bos_token_id": 300, "eos_token_id": 301})
+        **TINY, "bos_token_id": 300, "eos_token_id": 300})       # one id, as Qwen2.5's
     return folder, written
 
 
@@ -46,9 +46,28 @@ def test_the_tokenizer_has_exactly_the_vocabulary_and_its_special_ids(tiny_folde
     folder, _ = tiny_folder
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert tokenizer.get_vocab_size() == 320
-    assert tokenizer.token_to_id("<s>") == 300 and tokenizer.token_to_id("</s>") == 301
+    assert tokenizer.token_to_id("<|endoftext|>") == 300        # Qwen2.5's name of its id
     ids = tokenizer.encode("hello world").ids
     assert ids and max(ids) < 320 and tokenizer.decode(ids) == "hello world"
+
+
+def test_transformers_tokenizer_of_the_model_type_finds_its_special_tokens_in_the_vocabulary(
+        tiny_folder):
+    """What llama.cpp's converter loads (AutoTokenizer: Qwen2Tokenizer for qwen2, whose eos,
+    unk and pad default to <|endoftext|>) counts the folder's ids, none past the vocabulary."""
+    import transformers
+
+    folder, _ = tiny_folder
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert len(tokenizer) == 320 and max(tokenizer.get_vocab().values()) == 319, \
+        tokenizer.get_added_vocab()
+    assert tokenizer.eos_token_id == 300
+
+
+def test_two_special_ids_of_one_name_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="bos 300 and eos 301: two ids of one name"):
+        random_folder.bpe_tokenizer(tmp_path / "t.json", 320, 300, 301,
+                                    ("<|endoftext|>", "<|endoftext|>"))
 
 
 _WRITE_AND_MEASURE = """
@@ -100,3 +119,7 @@ def test_the_bench_command_writes_the_folder_and_refuses_no_layers(tmp_path, cap
         in said, said
     config = json.loads((tmp_path / "one" / "config.json").read_text())
     assert config["num_hidden_layers"] == 1 and config["dtype"] == "bfloat16"
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tmp_path / "one" / "tokenizer.json"))
+    assert (tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>")) == (1, 2)

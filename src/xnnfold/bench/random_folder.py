@@ -60,6 +60,12 @@ MODELS = {
         bos_token_id=128000, eos_token_id=128001)),
 }
 
+# The names the model's own tokenizer gives its bos and eos ids, where transformers' tokenizer
+# class for the model type has defaults: without a tokenizer_config.json, Qwen2Tokenizer names
+# eos, unk and pad "<|endoftext|>" and adds that token past the vocabulary when the folder's
+# tokenizer lacks it (llama.cpp's converter then refuses the folder). Others: <s> and </s>.
+SPECIAL_NAMES = {"qwen2.5-0.5b": ("<|endoftext|>", "<|endoftext|>")}
+
 _DTYPES = {"bfloat16": (torch.bfloat16, "BF16"), "float32": (torch.float32, "F32")}
 
 
@@ -131,18 +137,21 @@ def write_safetensors(path: Path, shapes: dict, dtype: str = "bfloat16", std: fl
     return 8 + len(text) + offset
 
 
-def bpe_tokenizer(path: Path, vocab: int, bos: int, eos: int) -> None:
+def bpe_tokenizer(path: Path, vocab: int, bos: int, eos: int,
+                  names: tuple = ("<s>", "</s>")) -> None:
     """A byte-level BPE ``tokenizer.json`` of exactly ``vocab`` ids: printable ASCII's byte-level
-    characters, then merges of each token with one more character (every id reachable), ``<s>``
-    and ``</s>`` at ``bos`` and ``eos`` (taking those ids: each decodes to ASCII text, which
-    executorch's runner needs)."""
+    characters, then merges of each token with one more character (every id reachable), the
+    special tokens ``names`` (bos, eos; one token when the ids are equal) at ``bos`` and ``eos``
+    (taking those ids: each decodes to ASCII text, which executorch's runner needs)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = [chr(288)] + [chr(b) for b in range(33, 127)]   # GPT-2's byte-level space + ASCII
-    special = {bos: "<s>", eos: "</s>"}
+    special = {bos: names[0], eos: names[1]}
     if len(special) + len(alphabet) > vocab or max(special) >= vocab:
-        raise ValueError(f"vocabulary {vocab}: too small for the alphabet and <s> {bos} / </s> "
-                         f"{eos}")
+        raise ValueError(f"vocabulary {vocab}: too small for the alphabet and {names[0]} {bos} / "
+                         f"{names[1]} {eos}")
+    if len(set(special.values())) < len(special):
+        raise ValueError(f"bos {bos} and eos {eos}: two ids of one name {names[0]!r}")
     tokens, merges, base = list(alphabet), [], 0
     while len(tokens) + len(special) < vocab:     # token + one character, breadth first
         for character in alphabet:
@@ -176,6 +185,6 @@ def write_folder(folder: Path, name: str, layers: int = None, dtype: str = "bflo
     size = write_safetensors(folder / WEIGHTS, shapes, dtype, config["initializer_range"], seed)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     bpe_tokenizer(folder / "tokenizer.json", config["vocab_size"], config["bos_token_id"],
-                  config["eos_token_id"])
+                  config["eos_token_id"], SPECIAL_NAMES.get(name, ("<s>", "</s>")))
     return {"parameters": sum(math.prod(s) for s in shapes.values()), "bytes": size,
             "config": config}
