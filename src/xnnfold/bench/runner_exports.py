@@ -2,7 +2,9 @@
 each run as its user runs it, in a process of its own under ``/usr/bin/time -v`` (wall time and
 peak resident set), one at a time, kept in ``--keep`` so that a rerun only measures:
 
-- xnnfold: ``xnnfold hf FOLDER -o xnnfold-PREC.pte [--quantize 8da4w]`` (its check included);
+- xnnfold: ``xnnfold hf FOLDER -o xnnfold-PREC.pte [--quantize 8da4w]`` (its check included),
+  and with ``--xnnfold-kernels ...,llm`` also ``xnnfold-llm-PREC.pte``, made with
+  ``--llm-kernels`` (the tool ``xnnfold-llm``);
 - optimum-executorch: ``optimum-cli export executorch ... --recipe xnnpack --use_custom_sdpa
   --use_custom_kv_cache [--qlinear 8da4w]`` into ``optimum-PREC/model.pte``;
 - llama.cpp: ``convert_hf_to_gguf.py --outtype f32`` into ``f32.gguf``, then ``llama-quantize
@@ -33,6 +35,8 @@ convert_hf_to_gguf.main()
 """
 
 GGUF = {"fp32": "f32", "8da4w": "q4_0"}
+# --xnnfold-kernels: the tool of each xnnfold .pte kept (its files are named after the tool)
+XNNFOLD_TOOLS = {"default": "xnnfold", "llm": "xnnfold-llm"}
 
 
 @dataclass
@@ -75,12 +79,16 @@ def _timed(command: list, log: Path, output: Path, tool: str, precision: str) ->
     return Export(tool, precision, output, wall, peak)
 
 
-def xnnfold_export(folder: Path, keep: Path, precision: str) -> Export:
-    pte = keep / f"xnnfold-{precision}.pte"
+def xnnfold_export(folder: Path, keep: Path, precision: str, tool: str = "xnnfold") -> Export:
+    """``tool``: ``xnnfold`` (the stock runtime's kernels) or ``xnnfold-llm``
+    (``--llm-kernels``: executorch's ``llama::`` kernels, as optimum's .pte needs them)."""
+    pte = keep / f"{tool}-{precision}.pte"
     command = [sys.executable, "-m", "xnnfold", "hf", folder, "-o", pte]
+    if tool == "xnnfold-llm":
+        command.append("--llm-kernels")
     if precision != "fp32":
         command += ["--quantize", precision]
-    return _timed(command, keep / f"xnnfold-{precision}.export.log", pte, "xnnfold", precision)
+    return _timed(command, keep / f"{tool}-{precision}.export.log", pte, tool, precision)
 
 
 def optimum_export(folder: Path, keep: Path, precision: str, cli: Optional[str],
@@ -119,9 +127,11 @@ def gguf_export(folder: Path, keep: Path, precision: str, args) -> Optional[Expo
 
 
 def exports(folder: Path, keep: Path, precision: str, args) -> dict:
-    """{tool: Export} for one folder and precision, made one after the other."""
+    """{tool: Export} for one folder and precision, made one after the other: xnnfold's for
+    each of ``args.kernel_list`` (``default``, ``llm``), then optimum's and llama.cpp's."""
     keep.mkdir(parents=True, exist_ok=True)
-    made = {"xnnfold": xnnfold_export(folder, keep, precision),
-            "optimum": optimum_export(folder, keep, precision, args.optimum_cli, args.cache),
-            "llama.cpp": gguf_export(folder, keep, precision, args)}
+    made = {tool: xnnfold_export(folder, keep, precision, tool)
+            for kernels, tool in XNNFOLD_TOOLS.items() if kernels in args.kernel_list}
+    made |= {"optimum": optimum_export(folder, keep, precision, args.optimum_cli, args.cache),
+             "llama.cpp": gguf_export(folder, keep, precision, args)}
     return {tool: export for tool, export in made.items() if export is not None}

@@ -1,7 +1,9 @@
 """Generation at a real model's dims (``xnnfold bench llm-runner --folder``): xnnfold's .pte
-and optimum-executorch's of the same folder in executorch's ``TextLLMRunner``, and llama.cpp's
-``llama-bench`` on its GGUF of it, per precision and thread count, in interleaved rounds
-(medians), beside the memory floor of a decode step. The exports: :mod:`runner_exports`.
+(and with ``--xnnfold-kernels ...,llm`` its ``--llm-kernels`` one) and optimum-executorch's of
+the same folder in executorch's ``TextLLMRunner``, and llama.cpp's ``llama-bench`` on its GGUF
+of it, per precision and thread count, in interleaved rounds (medians), beside the memory
+floor of a decode step. The exports: :mod:`runner_exports`; with ``--profile``, each .pte's
+decode step by part: :mod:`runner_real_profile`.
 
 The prompt is ``--prompt`` tokens of the folder's tokenizer; each round generates ``--new``
 tokens. llama-bench runs ``-p PROMPT -n NEW -d 0,PROMPT -t T -r 1``: its prefill is the
@@ -20,8 +22,7 @@ from pathlib import Path
 
 from ..models.decoder_lm import WEIGHT_BYTES
 from .runner_exports import exports
-
-TOOLS = ("xnnfold", "optimum", "llama.cpp")
+from .runner_real_table import TOOLS
 
 
 def decode_bytes(config: dict, precision: str, rows: int) -> int:
@@ -54,7 +55,7 @@ class Runner:
     prompt) from its Stats."""
 
     def __init__(self, pte: Path, tokenizer: Path):
-        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (optimum's)
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (llama::)
         from executorch.extension.llm.runner import TextLLMRunner
 
         self.runner = TextLLMRunner(str(pte), str(tokenizer))
@@ -145,10 +146,11 @@ def measure(folder: Path, keep: Path, precision: str, threads: int, made: dict,
 
 
 def run(args) -> None:
+    from . import runner_real_profile
     from .decode import machine_line
 
     keep_root = Path(args.keep)
-    rows, made_all = [], {}
+    rows, made_all, profiles = [], {}, []
     print(f"machine: {machine_line()}", flush=True)
     for folder in map(Path, args.folder):
         for precision in args.precision_list:
@@ -158,8 +160,13 @@ def run(args) -> None:
                 continue
             for threads in args.thread_list:
                 rows.append(measure(folder, keep, precision, threads, made, args))
+                if args.profile:
+                    profiles += runner_real_profile.profile(folder.name, precision, threads,
+                                                            made, args)
     from .runner_real_table import export_table, speed_table
 
+    if profiles:
+        (keep_root / "profile.md").write_text(runner_real_profile.table(profiles) + "\n")
     text = ""
     if rows:
         text += speed_table(rows, args) + "\n\n"

@@ -3,7 +3,10 @@ per model, precision and thread count, and what each export cost."""
 
 from __future__ import annotations
 
-TOOLS = ("xnnfold", "optimum", "llama.cpp")
+TOOLS = ("xnnfold", "xnnfold-llm", "optimum", "llama.cpp")
+# xnnfold-llm (--xnnfold-kernels ...,llm: its .pte made with --llm-kernels) has its columns
+# only in the tables of a run that measured or exported it: other runs' tables are unchanged
+NAMES = {"xnnfold-llm": "xnnfold --llm-kernels"}
 KINDS = {"fp32": "fp32 (llama.cpp f32)", "8da4w": "8da4w (llama.cpp q4_0)"}
 
 
@@ -17,29 +20,40 @@ def _ratio(row: dict, tool: str, other: str, key: str) -> str:
     return f"{row[tool][key] / row[other][key]:.2f}"
 
 
+def shown(present) -> tuple:
+    """The tools with columns: all but xnnfold-llm, which only where ``present`` has it."""
+    return tuple(t for t in TOOLS if t != "xnnfold-llm" or t in present)
+
+
+def _versus(row: dict, tool: str, other: str) -> str:
+    return f"{_ratio(row, tool, other, 'prefill_ms')} / {_ratio(row, tool, other, 'decode_ms')}"
+
+
 def speed_table(rows: list, args) -> str:
+    tools = shown({t for row in rows for t in row})
+    pairs = [("xnnfold", "optimum")] + [("xnnfold-llm", "optimum")] * ("xnnfold-llm" in tools)
+    pairs.append(("xnnfold", "llama.cpp"))
+    names = " / ".join(NAMES.get(t, t) for t in tools)
+    versus = " | ".join(f"{NAMES.get(t, t)} / {o}, prefill / decode" for t, o in pairs)
     lines = [
         f"Prefill of {args.prompt} tokens and decode per token ({args.new} generated) in ms, "
-        "medians; xnnfold / optimum / llama.cpp; ratios xnnfold over the other; the floor: "
+        f"medians; {names}; ratios xnnfold over the other; the floor: "
         "bytes a decode step reads over the copy bandwidth at that thread count.", "",
-        "| model | precision | threads | prefill | decode | xnnfold / optimum, prefill / "
-        "decode | xnnfold / llama.cpp, prefill / decode | floor (copy GB/s) | decode / floor "
-        "| load |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
+        f"| model | precision | threads | prefill | decode | {versus} | floor (copy GB/s) | "
+        "decode / floor | load |",
+        "|---|---|---|---|---|" + "---|" * len(pairs) + "---|---|---|"]
     for row in rows:
-        prefill = " / ".join(_ms(row, t, "prefill_ms", 0) for t in TOOLS)
-        decode = " / ".join(_ms(row, t, "decode_ms", 2) for t in TOOLS)
-        versus = {o: f"{_ratio(row, 'xnnfold', o, 'prefill_ms')} / "
-                     f"{_ratio(row, 'xnnfold', o, 'decode_ms')}" for o in TOOLS[1:]}
+        prefill = " / ".join(_ms(row, t, "prefill_ms", 0) for t in tools)
+        decode = " / ".join(_ms(row, t, "decode_ms", 2) for t in tools)
+        ratios = " | ".join(_versus(row, t, o) for t, o in pairs)
         floor = " / ".join(f"{row[t]['decode_ms'] / row['floor_ms']:.2f}" if t in row else "—"
-                           for t in TOOLS)
+                           for t in tools)
         load = f"{row['load'][0]} -> {row['load'][-1]}"
         lines.append(f"| {row['model']} | {KINDS.get(row['precision'], row['precision'])} | "
-                     f"{row['threads']} | {prefill} | {decode} | {versus['optimum']} | "
-                     f"{versus['llama.cpp']} | {row['floor_ms']:.2f} ms "
-                     f"({row['copy_GBps']:.1f}) | {floor} | {load} |")
+                     f"{row['threads']} | {prefill} | {decode} | {ratios} | "
+                     f"{row['floor_ms']:.2f} ms ({row['copy_GBps']:.1f}) | {floor} | {load} |")
     prompts = {t: sorted({n for r in rows if t in r for n in r[t]["prompt_tokens"]})
-               for t in TOOLS}
+               for t in tools}
     lines += ["", "Prompt tokens as each tool counted them: " + "; ".join(
         f"{t} {p}" for t, p in prompts.items() if p) + "."]
     return "\n".join(lines)
@@ -63,11 +77,16 @@ def _cost(export) -> str:
 def export_table(made: dict) -> str:
     """One row per model and precision: each tool's file bytes, export wall time and peak
     resident set (llama.cpp: the conversion to f32, the quantization to q4_0 from it)."""
-    lines = ["| model | precision | xnnfold .pte bytes | optimum .pte bytes | GGUF bytes | "
-             "xnnfold export: wall, peak RSS | optimum export | llama.cpp convert / quantize |",
-             "|---|---|---|---|---|---|---|---|"]
+    tools = shown({t for exports in made.values() for t in exports})
+    llm = "xnnfold-llm" in tools
+    lines = ["| model | precision | xnnfold .pte bytes | " +
+             "xnnfold --llm-kernels .pte bytes | " * llm +
+             "optimum .pte bytes | GGUF bytes | xnnfold export: wall, peak RSS | " +
+             "xnnfold --llm-kernels export | " * llm +
+             "optimum export | llama.cpp convert / quantize |",
+             "|---|---|" + "---|---|" * len(tools)]
     for (model, precision), exports in made.items():
-        files = " | ".join(_size(exports[t].bytes if t in exports else None) for t in TOOLS)
-        costs = " | ".join(_cost(exports.get(t)) for t in TOOLS)
+        files = " | ".join(_size(exports[t].bytes if t in exports else None) for t in tools)
+        costs = " | ".join(_cost(exports.get(t)) for t in tools)
         lines.append(f"| {model} | {precision} | {files} | {costs} |")
     return "\n".join(lines)

@@ -6,7 +6,7 @@
 - :func:`operator_times` — where the time goes on the runtime: the wheel's runtime writes an
   ETDump (``enable_etdump=True``), read back with ``executorch.devtools.Inspector``; per
   portable operator (and custom op: ``llama::custom_sdpa.out``) and for XNNPACK delegate
-  calls.
+  calls; :func:`operator_profile` with the calls of each in one run.
 - :func:`why_not_delegated` — XNNPACK's own reason for each node its partitioner declines: its
   configs call ``WhyNoPartition(logger)(node, reason)``, which logs at DEBUG through each config
   module's logger; a handler collects those records during one partition.
@@ -45,6 +45,14 @@ def operator_times(pte: bytes, inputs: tuple, runs: int = 5, method: str = "forw
     """Milliseconds per run of ``method``, by portable operator and for XNNPACK delegate calls
     (median over ``runs`` runs after one warm-up), from an ETDump of the wheel's runtime.
     ``data``: the .ptd the .pte reads its external constants from."""
+    profile = operator_profile(pte, inputs, runs, method, data)
+    return {name: ms for name, (ms, _) in profile.items()}
+
+
+def operator_profile(pte: bytes, inputs: tuple, runs: int = 5, method: str = "forward",
+                     data: Optional[bytes] = None) -> dict:
+    """``{part: (ms per run, calls per run)}``: :func:`operator_times` with how many times
+    each part is called in one run (the XNNPACK delegate calls counted as one part)."""
     from executorch.devtools import Inspector
     from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
@@ -60,8 +68,16 @@ def operator_times(pte: bytes, inputs: tuple, runs: int = 5, method: str = "forw
         path = os.path.join(folder, "run.etdp")
         module.write_etdump_result_to_file(path)
         inspector = Inspector(etdump_path=path)
+    return parts(inspector.event_blocks)
+
+
+def parts(event_blocks) -> dict:
+    """``{part: (ms per run, calls per run)}``, largest first, from an Inspector's event
+    blocks: each event of an ``Execute`` block is one call in every run (its ``perf_data.raw``
+    one time per run, the first the warm-up's, left out of the median)."""
     totals: dict = defaultdict(float)
-    for block in inspector.event_blocks:
+    calls: dict = defaultdict(int)
+    for block in event_blocks:
         if block.name != "Execute":
             continue
         for event in block.events:
@@ -70,7 +86,9 @@ def operator_times(pte: bytes, inputs: tuple, runs: int = 5, method: str = "forw
             name = _category(event.name)
             if name is not None:
                 totals[name] += statistics.median(event.perf_data.raw[1:] or event.perf_data.raw)
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+                calls[name] += 1
+    return {name: (totals[name], calls[name])
+            for name in sorted(totals, key=lambda n: -totals[n])}
 
 
 def _category(event_name: str):

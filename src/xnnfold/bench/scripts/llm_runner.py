@@ -19,7 +19,8 @@ At a real model's dims, from a folder (``xnnfold bench llm-folder``'s):
 
     xnnfold bench llm-runner --folder DIR [--folder DIR2] --keep KEEP [--quant none,8da4w]
                              [--threads 1,2] [--optimum-cli PATH] [--llama-cpp BIN_DIR
-                             --gguf-converter LLAMA_CPP_TREE --gguf-python PATH] [--export-only]
+                             --gguf-converter LLAMA_CPP_TREE --gguf-python PATH]
+                             [--xnnfold-kernels default,llm] [--profile] [--export-only]
 
 xnnfold's .pte (``xnnfold hf``), optimum-executorch's (its CLI) and llama.cpp's GGUF (f32 for
 fp32, q4_0 for 8da4w; ``llama-bench``) of each folder, exported one at a time under
@@ -79,6 +80,15 @@ def build_parser():
                       "when KEEP has none)")
     args.add_argument("--gguf-python", help="the python that runs the converter (with the "
                       "gguf package of that tree; default: this one)")
+    args.add_argument("--xnnfold-kernels", default="default", help="with --folder: "
+                      "comma-separated, of default (xnnfold hf's .pte: the stock runtime's "
+                      "kernels) and llm (xnnfold hf --llm-kernels: executorch's llama:: "
+                      "kernels, as optimum's .pte needs; its own file and column); default: "
+                      "default")
+    args.add_argument("--profile", action="store_true", help="with --folder: also one "
+                      "decode step of each .pte at position prompt + new/2 per thread count, "
+                      "timed by part from an ETDump (XNNPACK delegate calls, each portable and "
+                      "llama:: op) into KEEP/profile.md")
     args.add_argument("--export-only", action="store_true", help="with --folder: make the "
                       "exports and their table, measure nothing")
     return args
@@ -98,6 +108,10 @@ def _folder_args(args_parser, args) -> None:
     if not precisions or any(p not in ("none", "8da4w") for p in precisions):
         args_parser.error(f"--quant {args.quant}: with --folder, of none and 8da4w")
     args.precision_list = ["fp32" if p == "none" else p for p in precisions]
+    args.kernel_list = args.xnnfold_kernels.split(",")
+    if not args.kernel_list or any(k not in ("default", "llm") for k in args.kernel_list):
+        args_parser.error(f"--xnnfold-kernels {args.xnnfold_kernels}: comma-separated, of "
+                          "default and llm")
     try:
         args.thread_list = [int(t) for t in args.threads.split(",")]
     except ValueError:
