@@ -26,7 +26,7 @@ OUTSIDE = (*LAYERS, "xnnfold.cli", "xnnfold.__main__")
 # The test files of the bench and the command line: the only ones that may import the bench.
 BENCH_TESTS = ("test_bench.py", "test_cli.py", "test_report_output.py", "test_command_line.py",
                "test_compare.py", "test_bench_llm_tables.py", "test_bench_llm_folder.py",
-               "test_transformers_sweep.py", "test_bench_runner_real.py")
+               "test_transformers_sweep.py", "test_bench_runner_real.py", "test_timed_exports.py")
 
 
 def modules_under(root: pathlib.Path, package: str, outside=OUTSIDE) -> dict:
