@@ -68,8 +68,8 @@ def rewrite(emit: Emitter, plan: Plan, key: torch.fx.Node = None, value: torch.f
     # q @ K^T with K^T as the right operand: XNNPACK packs the right operand of a bmm on every
     # run anyway (taking the transpose with it); the cache as the left operand, K @ q^T, with
     # only G * L columns, measured slower: 0.157 against 0.119 ms (2,048 rows, 2 KV heads);
-    # at decode 1.26-1.67x (161 and 1,000 rows, 3 KV heads x 3 and 8 x 4), and 1.4-4.5x with
-    # V^T @ P^T as well (docs/llm.md, the KV-cache step)
+    # at decode 1.42-1.60x at 161 rows, 1.01-1.26x at 1,000 (3 KV heads x 3 and 8 x 4), and
+    # 1.4-4.5x with V^T @ P^T as well (docs/llm.md, the KV-cache step)
     scores = emit(aten.bmm.default, q3, emit(aten.transpose.int, k3, 1, 2))
     keep, how = None, "no mask"
     if eager:
