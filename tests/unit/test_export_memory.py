@@ -166,3 +166,85 @@ def test_no_lowered_delegate_outlives_the_written_pte(tmp_path):
     gc.collect()
     alive = [ref() for ref in delegates if ref() is not None]
     assert not alive, f"{len(alive)} of {len(delegates)} lowered delegates still alive"
+
+
+def test_release_clears_every_live_shape_envs_cache_and_the_declined_nodes():
+    """What a lowering leaves held in objects it does not return: the cache of any ShapeEnv
+    still alive (executorch's traces make their own; the caller's program's is not the only
+    one) and the node each of XNNPACK's partitioner configs last declined (module-level
+    ``WhyNoPartition``: the node's graph holds the delegates)."""
+    from executorch.backends.xnnpack.partition.config import gemm_configs
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from xnnfold.export.llm.release import release_lowering_memory
+
+    class Held:                          # stands for a delegate a cache key or a node reaches
+        pass
+
+    env = ShapeEnv()                     # alive, and no program given names it
+    cached, declined = Held(), Held()
+    env.fake_tensor_cache[cached] = cached
+    before = gemm_configs.why.node
+    gemm_configs.why.node = declined
+    refs = [weakref.ref(cached), weakref.ref(declined)]
+    del cached, declined
+    try:
+        release_lowering_memory([])
+        gc.collect()
+        assert [ref() is None for ref in refs] == [True, True]
+        assert not env.fake_tensor_cache and gemm_configs.why.node is None
+    finally:
+        gemm_configs.why.node = before
+
+
+def _mapped_bytes() -> int:
+    import ctypes
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+
+    mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    mallinfo2.restype = Mallinfo2
+    return mallinfo2().hblkhd          # bytes in blocks malloc mapped on their own
+
+
+def test_large_blocks_are_mapped_on_their_own_and_given_back():
+    """After a 20 MB block is freed, glibc's own threshold is 20 MB: a 2 MB weight's copy
+    would go to its heap. With map_large_blocks it is mapped alone and unmapped when freed."""
+    import platform
+
+    import pytest
+
+    from xnnfold.export.llm.release import map_large_blocks
+
+    if platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc":
+        pytest.skip("glibc's malloc only")
+    large = torch.empty(20 << 20, dtype=torch.uint8)
+    del large                                          # raises glibc's own threshold
+    assert map_large_blocks(1 << 20)
+    before = _mapped_bytes()
+    copy = torch.ones(2 << 20, dtype=torch.uint8)
+    assert _mapped_bytes() - before >= 2 << 20
+    del copy
+    assert _mapped_bytes() - before < 1 << 20
+
+
+def test_the_hf_command_maps_large_blocks_before_it_exports(monkeypatch):
+    import argparse
+
+    from xnnfold.cli import hf as hf_command
+    from xnnfold.export import hf
+    from xnnfold.export.hf import rows as hf_rows
+    from xnnfold.export.llm import release
+
+    calls = []
+    monkeypatch.setattr(release, "map_large_blocks", lambda: calls.append("mapped") or True)
+    monkeypatch.setattr(hf, "export_folder", lambda *a, **k: calls.append("export") or
+                        hf_rows.Exported([], [], []))
+    args = argparse.Namespace(threads=None, plan=None, output="m.pte", compare=False, tokens=8,
+                              attention="auto", reps=1, prefer="speed", no_check=False,
+                              no_cache=False, max_cache=None, max_prefill=None,
+                              llm_kernels=False, quantize=None)
+    assert hf_command._cmd_hf(args) == 0 and calls == ["mapped", "export"]

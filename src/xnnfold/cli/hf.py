@@ -99,9 +99,12 @@ def _cmd_hf(args) -> int:
     from ..export import hf
     from ..export.hf import rows as hf_rows
 
+    from ..export.llm.release import map_large_blocks
+
     if args.threads is not None:
         from ..export.llm.runtime import set_threads
         set_threads(args.threads)
+    map_large_blocks()     # this process exports: copies of weights freed go back at once
     exported = hf.export_folder(args.plan, args.output, compare=args.compare,
                                 tokens=args.tokens, attention=args.attention, reps=args.reps,
                                 prefer=args.prefer, check=not args.no_check,

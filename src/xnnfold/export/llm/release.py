@@ -5,7 +5,14 @@ for executorch's ``executorch_call_delegate`` that is the lowered delegate itsel
 XNNPACK's serialized weights (its ``NamedDataStoreOutput``: a copy of every delegated weight).
 The caches outlive the lowering: ``FakeTensorMode.cache`` is a class attribute; the caller's
 program's ``ShapeEnv`` (alive as long as the program) has its own, and ``ShapeEnv``'s methods
-memoized on the class keep other ``ShapeEnv``s alive (``get_implications`` without a bound).
+memoized on the class keep other ``ShapeEnv``s alive (``get_implications`` without a bound),
+and the ``ShapeEnv``s the stages made for their own traces (the decompositions', emission's)
+live on as long as anything reaches them: every ``ShapeEnv`` still alive has its cache cleared,
+not only the caller's program's (at Qwen2.5-0.5B's dims cut to 4 layers, one of them held
+every delegate: 0.78 GB of XNNPACK's serialized weights at the check). executorch's XNNPACK
+partitioner configs keep, in module-level ``WhyNoPartition`` objects, the last node each
+declined (its ``node``, for the debug log line): that node's graph, the partitioned one, holds
+every delegate; the reference is dropped (the object logs the next node as before).
 executorch 1.5.1's ``exir.backend.utils.is_same_node`` is memoized without a bound on the nodes
 it compared, which keeps the partitioned graphs (their delegates) alive. Measured at
 SmolLM2-135M's dims cut to 2 layers: 140 MB of delegate weights still alive once the program,
@@ -13,7 +20,9 @@ the lowered program and the .pte's bytes were dropped (docs/llm.md, "Export time
 memory"). Clearing these caches drops memoized results only, recomputed when next asked.
 
 glibc keeps the pages of what the stages freed in its heap; ``malloc_trim`` gives the free
-ones back to the system, so the runtime's load of the .pte does not add to them.
+ones back to the system, so the runtime's load of the .pte does not add to them. A process that
+exports can also have glibc map each large block on its own (:func:`map_large_blocks`), so that
+such blocks never enter the heap.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ def release_lowering_memory(programs) -> None:
     """Drop the caches' references to what a finished lowering of ``programs`` (exported
     programs) made, collect, and return glibc's free heap pages to the system (nothing where
     libc has no ``malloc_trim``)."""
-    from executorch.exir.backend.utils import is_same_node
+    from executorch.exir.backend.utils import WhyNoPartition, is_same_node
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -39,6 +48,12 @@ def release_lowering_memory(programs) -> None:
             if getattr(mode, "shape_env", None) is not None:
                 mode.shape_env.fake_tensor_cache.clear()
                 break
+    gc.collect()
+    for alive in gc.get_objects():     # the stages' own ShapeEnvs, wherever they are held
+        if isinstance(alive, ShapeEnv):
+            alive.fake_tensor_cache.clear()
+        elif isinstance(alive, WhyNoPartition):
+            alive.node = None
     for method in vars(ShapeEnv).values():
         while method is not None:      # a memoized method may be wrapped again (its events)
             if callable(getattr(method, "cache_clear", None)):
@@ -46,6 +61,29 @@ def release_lowering_memory(programs) -> None:
             method = getattr(method, "__wrapped__", None)
     gc.collect()
     _malloc_trim()
+
+
+# mallopt's parameter: the size from which malloc maps a block of its own (glibc's malloc.h)
+_M_MMAP_THRESHOLD = -3
+
+
+def map_large_blocks(threshold: int = 1 << 20) -> bool:
+    """Have glibc map every block of ``threshold`` bytes or more on its own and unmap it when
+    freed; whether it was set (False where libc is not glibc). glibc's own threshold starts at
+    128 KiB and rises to the size of each mapped block freed, up to 32 MiB: after the first
+    weight's copy is freed, the copies an export makes of the weights (torch.export's clones,
+    the partitions' copies, XNNPACK's serialized buffers), 1 to 32 MB each, go to the heap,
+    where what is freed between them stays resident. Measured with ``xnnfold hf`` at
+    Qwen2.5-0.5B's dims cut to 4 layers (0.78 GB of fp32 weights): the lowering's peak 3.80 ->
+    3.51 GB, emission's 4.34 -> 3.51 (docs/llm.md, "Export time and memory"). It changes the
+    allocator of the whole process: the ``hf`` command sets it; a program that calls the
+    export functions decides for itself."""
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, int(threshold)) == 1)
 
 
 def _malloc_trim() -> None:
