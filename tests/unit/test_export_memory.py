@@ -197,38 +197,52 @@ def test_release_clears_every_live_shape_envs_cache_and_the_declined_nodes():
         gemm_configs.why.node = before
 
 
-def _mapped_bytes() -> int:
-    import ctypes
+# Run in a process of its own: in a process whose heap already has a free chunk of the size
+# (a test worker's), malloc takes that chunk whatever the threshold.
+_MAPPED = """
+import ctypes, sys, torch
+from xnnfold.export.llm.release import map_large_blocks
 
-    class Mallinfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-            "fordblks", "keepcost")]
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
 
-    mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
-    mallinfo2.restype = Mallinfo2
-    return mallinfo2().hblkhd          # bytes in blocks malloc mapped on their own
+mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+mallinfo2.restype = Mallinfo2
+large = torch.empty(20 << 20, dtype=torch.uint8)
+del large                                  # glibc's own threshold rises to 20 MB
+if sys.argv[1] == "mapped":
+    assert map_large_blocks(1 << 20)
+before = mallinfo2().hblkhd                # bytes in blocks malloc mapped on their own
+copy = torch.ones(2 << 20, dtype=torch.uint8)
+held = mallinfo2().hblkhd - before
+del copy
+print(held, mallinfo2().hblkhd - before)
+"""
 
 
 def test_large_blocks_are_mapped_on_their_own_and_given_back():
-    """After a 20 MB block is freed, glibc's own threshold is 20 MB: a 2 MB weight's copy
-    would go to its heap. With map_large_blocks it is mapped alone and unmapped when freed."""
+    """After a 20 MB block is freed, glibc's own threshold is 20 MB: a 2 MB weight's copy goes
+    to its heap. With map_large_blocks it is mapped alone, and unmapped when freed."""
     import platform
+    import subprocess
+    import sys
 
     import pytest
 
-    from xnnfold.export.llm.release import map_large_blocks
-
     if platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc":
         pytest.skip("glibc's malloc only")
-    large = torch.empty(20 << 20, dtype=torch.uint8)
-    del large                                          # raises glibc's own threshold
-    assert map_large_blocks(1 << 20)
-    before = _mapped_bytes()
-    copy = torch.ones(2 << 20, dtype=torch.uint8)
-    assert _mapped_bytes() - before >= 2 << 20
-    del copy
-    assert _mapped_bytes() - before < 1 << 20
+
+    def mapped(how: str) -> list:
+        done = subprocess.run([sys.executable, "-c", _MAPPED, how], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return [int(n) for n in done.stdout.split()[-2:]]
+
+    assert mapped("default") == [0, 0]                 # in the heap, and kept there
+    held, after = mapped("mapped")
+    assert held >= 2 << 20 and after < 1 << 20
 
 
 def test_the_hf_command_maps_large_blocks_before_it_exports(monkeypatch):

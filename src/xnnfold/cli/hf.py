@@ -98,7 +98,6 @@ def _unknown_to_transformers(architecture: str):
 def _cmd_hf(args) -> int:
     from ..export import hf
     from ..export.hf import rows as hf_rows
-
     from ..export.llm.release import map_large_blocks
 
     if args.threads is not None:
