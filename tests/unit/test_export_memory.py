@@ -189,7 +189,7 @@ def test_release_clears_every_live_shape_envs_cache_and_the_declined_nodes():
     refs = [weakref.ref(cached), weakref.ref(declined)]
     del cached, declined
     try:
-        release_lowering_memory([])
+        release_lowering_memory()
         gc.collect()
         assert [ref() is None for ref in refs] == [True, True]
         assert not env.fake_tensor_cache and gemm_configs.why.node is None

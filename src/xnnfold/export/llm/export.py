@@ -175,12 +175,12 @@ def lower_generation(generation: GenerationPrograms, partitioner_class=None,
         write_atomically(output, program)
         del program, edge
         # the delegates torch's and executorch's caches hold (release.py)
-        release_lowering_memory(generation.programs.values())
+        release_lowering_memory()
         return LoweredGeneration(None, partitioners, inspected)
     with tempfile.TemporaryFile() as file:
         program.write_to_file(file)
         del program, edge
-        release_lowering_memory(generation.programs.values())
+        release_lowering_memory()
         file.seek(0)
         pte = file.read()
     return LoweredGeneration(pte, partitioners, inspected)

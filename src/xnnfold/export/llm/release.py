@@ -32,27 +32,23 @@ import ctypes.util
 import gc
 
 
-def release_lowering_memory(programs) -> None:
-    """Drop the caches' references to what a finished lowering of ``programs`` (exported
-    programs) made, collect, and return glibc's free heap pages to the system (nothing where
-    libc has no ``malloc_trim``)."""
+def release_lowering_memory() -> None:
+    """Drop the caches' references to what a finished lowering made, collect, and return
+    glibc's free heap pages to the system (nothing where libc has no ``malloc_trim``). Every
+    ``ShapeEnv`` still alive is reached, the caller's programs' among them."""
     from executorch.exir.backend.utils import WhyNoPartition, is_same_node
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     FakeTensorMode.cache_clear()
     is_same_node.cache_clear()
-    for program in programs:
-        for node in program.graph.nodes:
-            mode = getattr(node.meta.get("val"), "fake_mode", None)
-            if getattr(mode, "shape_env", None) is not None:
-                mode.shape_env.fake_tensor_cache.clear()
-                break
     gc.collect()
-    for alive in gc.get_objects():     # the stages' own ShapeEnvs, wherever they are held
-        if isinstance(alive, ShapeEnv):
+    # the stages' own ShapeEnvs, wherever they are held; type(), not isinstance(): a weak
+    # proxy whose object is gone raises on isinstance
+    for alive in gc.get_objects():
+        if issubclass(type(alive), ShapeEnv):
             alive.fake_tensor_cache.clear()
-        elif isinstance(alive, WhyNoPartition):
+        elif issubclass(type(alive), WhyNoPartition):
             alive.node = None
     for method in vars(ShapeEnv).values():
         while method is not None:      # a memoized method may be wrapped again (its events)
@@ -60,7 +56,9 @@ def release_lowering_memory(programs) -> None:
                 method.cache_clear()
             method = getattr(method, "__wrapped__", None)
     gc.collect()
-    _malloc_trim()
+    trim = _libc("malloc_trim")
+    if trim is not None:
+        trim(0)
 
 
 # mallopt's parameter: the size from which malloc maps a block of its own (glibc's malloc.h)
@@ -78,19 +76,14 @@ def map_large_blocks(threshold: int = 1 << 20) -> bool:
     3.51 GB, emission's 4.34 -> 3.51 (docs/llm.md, "Export time and memory"). It changes the
     allocator of the whole process: the ``hf`` command sets it; a program that calls the
     export functions decides for itself."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        return False
+    mallopt = _libc("mallopt")
     return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, int(threshold)) == 1)
 
 
-def _malloc_trim() -> None:
+def _libc(function: str):
+    """glibc's ``function``, or None where the C library has none (musl, macOS)."""
     name = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):      # not glibc (musl, macOS): nothing to give back
-        return
-    if trim is not None:
-        trim(0)
+        return getattr(ctypes.CDLL(name), function) if name else None
+    except (OSError, AttributeError):
+        return None
