@@ -41,6 +41,7 @@ from torch import nn
 from ...pte.files import write_atomically
 from ...usage import first_line
 from ..experts import routed_experts
+from ..fake_weights import export_with_fake_weights
 from ..static_cache import with_static_cache
 from .quantize import quantized_copy
 from .release import release_lowering_memory
@@ -113,8 +114,9 @@ def export_causal_lm(model: nn.Module, max_cache: Optional[int] = None,
         # the wrapper is built before the experts are routed (it runs the model once, eagerly)
         stepper = with_static_cache(model, max_cache, last_logits=True)
         with routed_experts(model, max_prefill):
-            forward = torch.export.export(stepper, (), kwargs, dynamic_shapes=shapes,
-                                          strict=True)
+            # traced over fake weights: dynamo's clone of each is not a second copy
+            forward = export_with_fake_weights(stepper, (), kwargs, dynamic_shapes=shapes,
+                                               strict=True)
     return GenerationPrograms({FORWARD: forward}, runner_metadata(model, max_cache, max_prefill),
                               max_cache, max_prefill, capped)
 

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..fake_weights import export_with_fake_weights
 from ..llm.export import GenerationPrograms, _named_failures, lower_generation
 from .export import export_text_methods, text_causal_lm
 
@@ -75,7 +76,7 @@ def export_audio_text_to_text(model: nn.Module, max_cache: Optional[int] = None,
     generation = export_text_methods(model, causal, tokens_of_audio, max_cache, max_prefill,
                                      "an audio chunk's")
     with torch.no_grad(), _named_failures(model):
-        encoder = torch.export.export(audio, (features,), strict=True)
+        encoder = export_with_fake_weights(audio, (features,), strict=True)
     generation.programs = {AUDIO_ENCODER: encoder, **generation.programs}
     generation.metadata.update(
         get_audio_token_id=int(model.config.audio_token_id), get_audio_tokens=tokens_of_audio,

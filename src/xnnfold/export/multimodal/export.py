@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..fake_weights import export_with_fake_weights
 from ..llm.export import GenerationPrograms, _named_failures, lower_generation
 from ..llm.sizes import runner_metadata, sizes
 from ..static_cache import with_static_cache
@@ -181,7 +182,7 @@ def export_image_text_to_text(model: nn.Module, max_cache: Optional[int] = None,
     generation = export_text_methods(model, causal, tokens_of_image, max_cache, max_prefill,
                                      "an image's")
     with torch.no_grad(), _named_failures(model):
-        encoder = torch.export.export(vision, (pixels,), strict=True)
+        encoder = export_with_fake_weights(vision, (pixels,), strict=True)
     generation.programs = {VISION_ENCODER: encoder, **generation.programs}
     generation.metadata.update(
         get_image_token_id=int(model.config.image_token_id), get_image_tokens=tokens_of_image,
@@ -209,11 +210,11 @@ def export_text_methods(model: nn.Module, causal: nn.Module, encoded: int,
     length = torch.export.Dim("tokens", min=1, max=max_prefill)
     example = min(4, max_prefill)
     with torch.no_grad(), _named_failures(model):
-        embedding = torch.export.export(causal.get_input_embeddings(), (
+        embedding = export_with_fake_weights(causal.get_input_embeddings(), (
             torch.zeros(1, example, dtype=torch.long),), dynamic_shapes=({1: length},),
             strict=True)
         stepper = with_static_cache(causal, max_cache, last_logits=True)
-        decoder = torch.export.export(
+        decoder = export_with_fake_weights(
             stepper, (), {"inputs_embeds": torch.randn(1, example, hidden),
                           "cache_position": torch.arange(example)},
             dynamic_shapes={"inputs_embeds": {1: length}, "cache_position": {0: length}},

@@ -43,6 +43,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..fake_weights import export_with_fake_weights
 from . import t5
 
 ENCODER, DECODER = "encoder", "text_decoder"
@@ -216,9 +217,9 @@ def export_seq2seq(model, max_cache: Optional[int] = None, example_source: int =
             dims = {1: torch.export.Dim("source_tokens", min=1, max=most)}
             example = torch.ones(1, min(example_source, most), dtype=torch.long)
         encoder = EncoderWithCrossKV(model, name).eval()
-        encoder_program = torch.export.export(encoder, (example,), dynamic_shapes=(dims,),
-                                              strict=True)
-        decoder_program = torch.export.export(
+        encoder_program = export_with_fake_weights(encoder, (example,),
+                                                   dynamic_shapes=(dims,), strict=True)
+        decoder_program = export_with_fake_weights(
             DecoderStep(model, max_cache).eval(),
             (torch.zeros(1, 1, dtype=torch.long), encoder(example),
              torch.zeros(1, dtype=torch.long)),
