@@ -36,7 +36,7 @@ from .errors import FoldError, StrictFallback, warn_or_raise
 from .graph.program_copy import copy_program
 from .result import FoldResult
 from .steps import (attention, canonical, dynamic_views, fold, gelu_tanh, kv_cache, mask_index,
-                    powers, runtime_weight)
+                    powers, runtime_weight, tied_table)
 from .steps.fold.probe.verified import Verification
 from .steps.fold.rows import row_of
 from .steps.fold.rules import DEFAULT_RULES, RuleSet
@@ -48,7 +48,7 @@ logger = logging.getLogger("xnnfold")
 
 # The steps, in the order a program takes them.
 STEPS = (mask_index.STEP, kv_cache.STEP, attention.STEP, gelu_tanh.STEP, powers.STEP,
-         canonical.STEP, fold.STEP, runtime_weight.STEP, dynamic_views.STEP)
+         canonical.STEP, fold.STEP, runtime_weight.STEP, tied_table.STEP, dynamic_views.STEP)
 # The steps that rewrite attention (``attention=False`` leaves it as stock decomposes it).
 ATTENTION_STEPS = (kv_cache.STEP.name, attention.STEP.name)
 
@@ -95,13 +95,15 @@ def _check_protocol(step: str, records: list, change) -> None:
 
 
 def stored_bytes(ep: ExportedProgram) -> int:
-    """Bytes of the params, buffers and lifted constants ``ep``'s signature lists."""
+    """Bytes of the params, buffers and lifted constants ``ep``'s signature lists, a tensor
+    listed under two names once (executorch stores a tensor's bytes once: its emitter and
+    XNNPACK's serialization key them by their hash)."""
     tensors = {}
     for spec in ep.graph_signature.input_specs:
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
             if isinstance(value, torch.Tensor):
-                tensors[spec.target] = value.numel() * value.element_size()
+                tensors[id(value)] = value.numel() * value.element_size()
     return sum(tensors.values())
 
 

@@ -194,10 +194,88 @@ class TiedHead(nn.Module):
 def test_tied_linear_head_is_left_as_stock_by_default_with_the_size_option_priced():
     ep = export(TiedHead(), torch.tensor([[1, 2, 3]]))
     result = pipeline.run(ep, probe=None)
-    assert result.program is ep
+    rewrote = [name for name, records in result.records.items()
+               if any(r.rewritten for r in records)]
+    assert rewrote == ["tied_table"]          # the head keeps its constant, as stock's
     (row,) = [r for r in result.operands if r.role == "weight"]
     assert not row.runtime_weight and row.size_option_bytes == 50 * E * 4
     assert "repacked on every call" in row.reason
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_tied_linear_head_reads_the_table_from_a_placeholder_of_its_own(strict):
+    """The same tensor under another name: the lowering finds no placeholder shared by a
+    delegate and an op outside it, so it copies nothing; the program stores no more. A strict
+    export has one placeholder for the tied names, the head gets one under its own name; a
+    non-strict one has one per name, one of them unread, and the head gets a new one beside
+    the table's (as executorch's copy would be, so the delegate's constants keep stock's
+    order)."""
+    tokens = torch.tensor([[1, 2, 3]])
+    ep = torch.export.export(TiedHead().eval(), (tokens,), strict=strict)
+    result = pipeline.run(ep, probe=None)
+    program = result.program
+    head, lookup = node(program, "linear"), node(program, "embedding")
+    assert head.args[1] is not lookup.args[0]
+    specs = {s.arg.name: s.target for s in program.graph_signature.input_specs}
+    assert program.state_dict[specs[head.args[1].name]] is \
+        program.state_dict[specs[lookup.args[0].name]] is ep.state_dict["embedding.weight"]
+    assert specs[head.args[1].name] == ("head.weight" if strict else "head.weight_head")
+    assert len(program.graph_signature.input_specs) == len(ep.graph_signature.input_specs) + 1
+    assert pipeline.stored_bytes(program) == pipeline.stored_bytes(ep)
+    (record,) = result.records["tied_table"]
+    assert record.rewritten and record.gemms == ("linear",) and record.nbytes == 50 * E * 4
+    other = torch.tensor([[4, 0, 49]])
+    assert torch.equal(program.module()(other)[0], ep.module()(other)[0])
+    # the caller's program is as torch.export gave it
+    assert node(ep, "linear").args[1] is node(ep, "embedding").args[0]
+
+
+class CastTiedHead(nn.Module):
+    """The head reads the table through a same-dtype cast (``W.to(x.dtype)``), which
+    decomposition removes; a lookup reads the table itself."""
+
+    def __init__(self, shared_cast: bool = False):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(50, E))
+        self.shared_cast = shared_cast
+
+    def forward(self, tokens):
+        x = F.embedding(tokens, self.table)
+        weight = self.table.to(x.dtype)
+        out = F.linear(x, weight)
+        return (out, weight.sum()) if self.shared_cast else out
+
+
+@pytest.mark.parametrize("shared_cast", [False, True])
+def test_a_head_behind_a_cast_reads_the_table_through_it(shared_cast):
+    tokens = torch.tensor([[1, 2, 3]])
+    ep = torch.export.export(CastTiedHead(shared_cast).eval(), (tokens,), strict=True)
+    result = pipeline.run(ep, probe=None)
+    (record,) = result.records["tied_table"]
+    program = result.program
+    lookup = node(program, "embedding")
+    cast = {user for user in lookup.args[0].users if user is not lookup and
+            not analysis.is_metadata_assertion(user)}
+    if shared_cast:          # the cast is read by a sum too: left as stock has it
+        assert not record.rewritten and "more than the heads" in record.reason
+        assert len(cast) == 1
+    else:
+        assert record.rewritten and not cast     # the lookup alone reads the table's placeholder
+        assert torch.equal(program.module()(tokens), ep.module()(tokens))
+
+
+def test_a_table_the_head_reads_at_run_time_is_not_split():
+    ep = export(TiedHead(), torch.tensor([[1, 2, 3]]))
+    result = pipeline.run(ep, probe=None, rule_set=DEFAULT_RULES.preferring("size"))
+    assert result.records["tied_table"] == []
+    assert len(result.program.graph_signature.input_specs) == len(ep.graph_signature.input_specs)
+
+
+def test_a_tensor_under_two_names_is_stored_once():
+    ep = export(TiedHead(), torch.tensor([[1, 2, 3]]))
+    result = pipeline.run(ep, probe=None)
+    # counted by name, the split table would look stored twice and the pass fall back
+    assert pipeline.stored_bytes(result.program) == 50 * E * 4
 
 
 def test_prefer_must_be_speed_or_size():

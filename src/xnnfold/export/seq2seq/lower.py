@@ -31,10 +31,16 @@ _GEMM_READERS = ("linear", "mm", "addmm", "permute", "t_copy", "executorch_call_
 
 
 def tied_tables(graph_module) -> list:
-    """Placeholders read by an embedding lookup and by a GEMM (a tied output head)."""
+    """Placeholders read by an embedding lookup and by a GEMM (a tied output head), and those
+    the pass's ``tied_table`` step made of such a table (the lookup's and the head's)."""
+    from ...steps.tied_table import tied_table_of
+
     found = []
     for node in graph_module.graph.nodes:
         if node.op != "placeholder":
+            continue
+        if tied_table_of(node) is not None:
+            found.append(node)
             continue
         readers = [str(getattr(user.target, "__name__", user.target)) for user in node.users]
         if any("embedding" in r for r in readers) and \

@@ -52,7 +52,7 @@ def _needs_runtime_weight(gemm: torch.fx.Node, rows: list,
     declined = [r for r in rows if r.status == Status.DECLINED and r.rule in _RUNTIME_RULES]
     if declined:
         return f"its {declined[0].role} is declined by rule '{declined[0].rule}'"
-    tied = _tied(weight)
+    tied = tied_param(weight)
     if tied is not None:
         # A param also read by a non-GEMM op (a tied embedding's lookup): as a delegate
         # constant it is stored twice, once in the delegate and once for that op. Stock does
@@ -89,7 +89,7 @@ def _reads_user_input(node: torch.fx.Node, user_inputs: frozenset) -> bool:
     return False
 
 
-def _tied(weight: torch.fx.Node) -> Optional[tuple]:
+def tied_param(weight: torch.fx.Node) -> Optional[tuple]:
     """(the param, a non-GEMM op that also reads it) when ``weight`` is a param, behind no-op
     casts at most, that something other than a linear's weight reads; else None."""
     # The param behind no-op casts (``W.to(x.dtype)``), which decomposition removes: a reader
@@ -143,7 +143,7 @@ def mark_runtime_weights(program, operands: list, transposed: set, prefer: str =
         if name not in nodes or \
                 (why := _needs_runtime_weight(nodes[name], rows, user_inputs)) is None:
             continue
-        table = _stock_copies(nodes[name], rows, transposed)
+        table = stock_copies(nodes[name], rows, transposed)
         if table is not None:
             _note_trade(rows, table, marked=prefer == "size")
             if prefer != "size":
@@ -190,13 +190,13 @@ class RuntimeWeightStep:
 STEP = RuntimeWeightStep()
 
 
-def _stock_copies(gemm: torch.fx.Node, rows: list, transposed: set) -> Optional[int]:
+def stock_copies(gemm: torch.fx.Node, rows: list, transposed: set) -> Optional[int]:
     """The bytes of the table stock stores a second time for ``gemm``, a tied head it
     delegates with a constant copy; None if stock does not (a transposed form it leaves on
     portable, or a weight declined by a rule)."""
     if gemm.name in transposed or any(r.status == Status.DECLINED for r in rows):
         return None
-    tied = _tied(gemm.args[1])
+    tied = tied_param(gemm.args[1])
     val = tensor_val(tied[0]) if tied is not None else None
     return val.numel() * val.element_size() if val is not None else None
 
