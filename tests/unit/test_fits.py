@@ -71,7 +71,7 @@ def test_the_peak_is_the_measured_factor_of_the_fp32_weights_and_the_cache(tmp_p
     found = fits.estimate(folder_of(tmp_path, "m", LLAMA_8B), LLAMA_8B, cache_rows=1024)
     assert found.source == "config.json's dims"
     assert found.cache_bytes == 2 * 32 * 8 * 128 * 1024 * 4
-    assert found.peak() == pytest.approx(0.3e9 + 3.3 * 4 * found.parameters +
+    assert found.peak() == pytest.approx(0.3e9 + 3.0 * 4 * found.parameters +
                                          2 * found.cache_bytes)
     assert found.peak("8da4w") < found.peak()
 
@@ -95,7 +95,7 @@ def test_a_checkpoint_that_cannot_fit_is_refused_with_the_numbers(tmp_path):
         fits.check_fits(folder, LLAMA_8B, None, 1024, available=(24 * GB, "MemAvailable"))
     said = str(refused.value)
     assert "\n" not in said and said.startswith(
-        f"{folder}: its export in fp32 needs about 106.8 GB at its peak (8,030 M parameters, "
+        f"{folder}: its export in fp32 needs about 97.2 GB at its peak (8,030 M parameters, "
         "from config.json's dims;") and "this machine has 24.0 GB available (MemAvailable)" in said
     assert said.endswith("try quantize=8da4w (about 18.5 GB); or force=True to export anyway")
 
@@ -103,7 +103,7 @@ def test_a_checkpoint_that_cannot_fit_is_refused_with_the_numbers(tmp_path):
 def test_what_to_try_is_what_fits(tmp_path):
     folder = folder_of(tmp_path, "llama8b", LLAMA_8B)
     with pytest.raises(OptionError) as refused:
-        fits.check_fits(folder, LLAMA_8B, None, 1024, available=(100 * GB, "MemAvailable"))
+        fits.check_fits(folder, LLAMA_8B, None, 1024, available=(90 * GB, "MemAvailable"))
     assert str(refused.value).endswith("try quantize=8da4w (about 18.5 GB); or force=True to "
                                        "export anyway")
     # the weights fit, the cache of 4,096 rows does not: a cache that fits

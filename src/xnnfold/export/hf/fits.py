@@ -24,9 +24,11 @@ linears), so 8da4w's factor is 0.55: the factor of 2.0 refused the 3B export on 
 machine (26 GB estimated). In fp32, since the lowering's delegates are released before the
 check and large blocks are mapped on their own (:mod:`xnnfold.export.llm.release`), the peak is
 the lowering's (executorch copies every delegated weight before XNNPACK serializes them: the
-weights three times, the tied table a fourth): 7.41 GB at Qwen2.5-0.5B's dims (3.57x above the
-libraries and the cache), 16.76 GB at Llama-3.2-1B's (1,236 M parameters, 4.94 GB: 3.30x), so
-fp32's factor is 3.3 (it was 4.5, which refused the 1B export here: 22.7 GB estimated).
+weights three times at once; torch.export traced over fake weights and the tied table given to
+the head under a placeholder of its own, neither is copied once more): 6.86 GB at
+Qwen2.5-0.5B's dims (3.29x above the libraries and the cache), 15.72 GB at Llama-3.2-1B's
+(1,236 M parameters, 4.94 GB: 3.09x), so fp32's factor is 3.0 (it was 4.5, which refused the
+1B export here: 22.7 GB estimated).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Optional
 from ...usage import OptionError
 
 LIBRARIES = 0.3e9                 # torch, executorch, transformers imported: resident bytes
-PEAK_PER_FP32_BYTE = {None: 3.3, "8da4w": 0.55, "int8": 0.55}  # int8: unmeasured, as 8da4w
+PEAK_PER_FP32_BYTE = {None: 3.0, "8da4w": 0.55, "int8": 0.55}  # int8: unmeasured, as 8da4w
 _GB = 1e9
 _FEWEST_ROWS = 16               # a cache worth suggesting
 
