@@ -41,14 +41,17 @@ def export_with_fake_weights(module: nn.Module, args: tuple = (), kwargs: Option
     """``torch.export.export(module, args, kwargs, **export_kwargs)`` traced over fake
     parameters, its state dict the module's real ones. On any doubt (module doc), the
     real-weight export, with a warning; an export that fails with real weights too raises
-    that failure, as ``torch.export.export`` would."""
+    that failure, as ``torch.export.export`` would, without the warning."""
     try:
         return _fake_traced(module, args, kwargs, export_kwargs)
     except Exception as error:  # noqa: BLE001 - whatever the fake trace raises: the real one
-        warnings.warn(f"{type(module).__name__}: exported with its real weights, not fake "
-                      f"ones ({first_line(error, 240)}); the export holds a second copy of "
-                      "the weights while it traces", stacklevel=2)
-    return torch.export.export(module, args, kwargs, **export_kwargs)
+        why = first_line(error, 240)
+    # a model torch.export cannot take fails here with its own error, and no warning
+    program = torch.export.export(module, args, kwargs, **export_kwargs)
+    warnings.warn(f"{type(module).__name__}: exported with its real weights, not fake ones "
+                  f"({why}); the export held a second copy of the weights while it traced",
+                  stacklevel=2)
+    return program
 
 
 def _fake_traced(module, args, kwargs, export_kwargs) -> torch.export.ExportedProgram:
