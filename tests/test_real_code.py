@@ -289,7 +289,7 @@ GUARDS = [
     # the old rule declines the whole group, the bf16 part too
     ("group taken in part", _with_the_old_delegated_rule, UnexpectedFold),
     # without the trade rule the default takes the run-time weight: smaller, not stock's .pte
-    ("tied linear head by default", (runtime_weight, "stock_copies", lambda *args: None),
+    ("tied linear head by default", (runtime_weight, "_stock_copies", lambda *args: None),
      UnexpectedFold),
 ]
 

@@ -36,7 +36,6 @@ from ..graph.node_meta import tensor_val
 from . import runtime_weight
 from .protocol import Context, Outcome
 
-aten = torch.ops.aten
 
 # ``node.meta["custom"]`` of both placeholders (the table's and the heads'): the table's
 # placeholder name. It lasts through decomposition and to_edge, so that what looks for a tied
@@ -100,27 +99,22 @@ def _head_target(program: ExportedProgram, spec: InputSpec, gemms: list) -> str:
     return key
 
 
-def split_tied_tables(program: ExportedProgram, operands: list, transposed: set) -> list:
+def split_tied_tables(program: ExportedProgram, operands: list) -> list:
     """In place on the pass's copy: each tied table that stock delegates a head with as a
-    constant gets a placeholder of its own for those heads. A :class:`SharedTable` each."""
-    by_gemm: dict = {}
-    for row in operands:
-        by_gemm.setdefault(row.gemm, []).append(row)
+    constant gets a placeholder of its own for those heads. A :class:`SharedTable` each.
+    Those heads are the rows the run-time weight step priced (``size_option_bytes``: stock
+    stores the table again for them) and left as constants (``prefer="speed"``)."""
     nodes = {node.name: node for node in program.graph.nodes}
     heads: dict = {}                      # the table's placeholder -> its heads
-    for name, rows in by_gemm.items():
-        gemm = nodes.get(name)
-        if gemm is None or gemm.target is not aten.linear.default or \
-                runtime_weight.is_marked(gemm) or \
-                runtime_weight.stock_copies(gemm, rows, transposed) is None:
+    for row in operands:
+        gemm = nodes.get(row.gemm)
+        if row.role != "weight" or row.size_option_bytes is None or row.runtime_weight or \
+                gemm is None:
             continue
         tied = runtime_weight.tied_param(gemm.args[1])
         if tied is not None:
             heads.setdefault(tied[0], []).append(gemm)
-    records = []
-    for param, gemms in heads.items():
-        records.append(_split(program, param, gemms))
-    return records
+    return [_split(program, param, gemms) for param, gemms in heads.items()]
 
 
 def _split(program: ExportedProgram, param: torch.fx.Node, gemms: list) -> SharedTable:
@@ -166,8 +160,7 @@ class TiedTableStep:
     name = "tied_table"
 
     def run(self, program: ExportedProgram, context: Context) -> Outcome:
-        transposed = {r.gemm for r in context.records.get("canonical", [])}
-        return Outcome(split_tied_tables(program, context.operands, transposed))
+        return Outcome(split_tied_tables(program, context.operands))
 
 
 STEP = TiedTableStep()

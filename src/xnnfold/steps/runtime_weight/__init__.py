@@ -143,7 +143,7 @@ def mark_runtime_weights(program, operands: list, transposed: set, prefer: str =
         if name not in nodes or \
                 (why := _needs_runtime_weight(nodes[name], rows, user_inputs)) is None:
             continue
-        table = stock_copies(nodes[name], rows, transposed)
+        table = _stock_copies(nodes[name], rows, transposed)
         if table is not None:
             _note_trade(rows, table, marked=prefer == "size")
             if prefer != "size":
@@ -190,7 +190,7 @@ class RuntimeWeightStep:
 STEP = RuntimeWeightStep()
 
 
-def stock_copies(gemm: torch.fx.Node, rows: list, transposed: set) -> Optional[int]:
+def _stock_copies(gemm: torch.fx.Node, rows: list, transposed: set) -> Optional[int]:
     """The bytes of the table stock stores a second time for ``gemm``, a tied head it
     delegates with a constant copy; None if stock does not (a transposed form it leaves on
     portable, or a weight declined by a rule)."""
